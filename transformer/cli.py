@@ -1,0 +1,101 @@
+"""Command-line flags shared by the scripts, mapped onto the typed config.
+
+Each `add_*_args` adds one config section's flags; `run_config_from_args` builds the
+`RunConfig` from the parsed namespace. Flags left unset keep the dataclass defaults, so the
+defaults live in one place (transformer/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig
+
+
+def quiet_tensorflow() -> None:
+    """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset", help=f"TFDS dataset name (default {DataConfig.dataset})")
+    group.add_argument("--tfds-data-dir", help="TFDS data directory (manual downloads go in <dir>/downloads/manual)")
+    group.add_argument("--data", dest="data_dir", help="directory with train.pt/train.en[/validation.pt/validation.en]")
+    group.add_argument("--train-src", help="training source file (one sentence per line)")
+    group.add_argument("--train-tgt", help="training target file, line-aligned with --train-src")
+    group.add_argument("--val-src", help="validation source file")
+    group.add_argument("--val-tgt", help="validation target file")
+    group.add_argument("--max-train-examples", type=int, help="use only the first N training pairs")
+    group.add_argument("--max-val-examples", type=int, help="use only the first N validation pairs")
+
+
+def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tokenizers")
+    group.add_argument("--vocab-size", type=int, help=f"WordPiece vocab size per language (default {TokenizerConfig.vocab_size})")
+    group.add_argument("--cased", dest="lower_case", action="store_false", default=None,
+                       help="keep case and accents (default: lower-case and strip accents, as the tutorial)")
+    group.add_argument("--tokenizers-root", dest="tokenizer_root", help="where built tokenizers go (default tokenizers/)")
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--num-layers", type=int)
+    group.add_argument("--d-model", type=int)
+    group.add_argument("--num-heads", type=int)
+    group.add_argument("--dff", type=int)
+    group.add_argument("--dropout", dest="dropout_rate", type=float)
+    group.add_argument("--head-width", choices=["tutorial", "paper"],
+                       help="tutorial: key_dim = d_model; paper: key_dim = d_model / heads")
+    group.add_argument("--max-length", type=int, help="max tokens per sentence (longer ones are truncated)")
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("input pipeline")
+    group.add_argument("--pipeline", dest="pipeline_kind", choices=["optimized", "naive"])
+    group.add_argument("--batch-size", type=int, help="sentences per batch (naive pipeline, or optimized with --max-tokens 0)")
+    group.add_argument("--max-tokens", type=int, help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
+    group.add_argument("--shuffle-buffer", type=int)
+    group.add_argument("--cache", help="'memory' or a file path prefix for tf.data's file cache")
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--epochs", type=int)
+    group.add_argument("--steps-per-epoch", type=int)
+    group.add_argument("--validation-steps", type=int)
+    group.add_argument("--seed", type=int)
+    group.add_argument("--warmup-steps", type=int)
+    group.add_argument("--label-smoothing", type=float)
+    group.add_argument("--device", choices=["auto", "cpu", "gpu"])
+    group.add_argument("--mixed-precision", choices=["off", "float16", "bfloat16"])
+    group.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None, help="jit_compile the train step")
+    group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
+    group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
+    group.add_argument("--verbose", type=int, choices=[0, 1, 2])
+    group.add_argument("--label", help="name of this run in step-time reports (default: --output's name)")
+    group.add_argument("--no-probe-peak", dest="probe_peak", action="store_false", default=None,
+                       help="skip the ~1 s matmul probe that measures peak FLOP/s for utilisation")
+
+
+def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:
+    """{config field: value} for the flags that were given (not None)."""
+    return {field: getattr(args, dest) for field, dest in names.items()
+            if getattr(args, dest, None) is not None}
+
+
+def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    """Overrides `base` (default RunConfig()) with every flag that was given."""
+    base = base or RunConfig()
+    data = _pick(args, {f: f for f in DataConfig.__dataclass_fields__})
+    tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root"})
+    model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
+    pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
+                            "shuffle_buffer": "shuffle_buffer", "cache": "cache"})
+    if pipeline.get("max_tokens") == 0:
+        pipeline["max_tokens"] = None
+    train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})
+    return base.replace(data=data, tokenizer=tokenizer, model=model, pipeline=pipeline, train=train).validate()

@@ -1,0 +1,236 @@
+"""Typed run configuration: one dataclass per stage, merged into `RunConfig`.
+
+The config flows one way: CLI flags → `RunConfig` → every stage (data, tokenizers,
+pipeline, model, training, reports, export). It is saved as `config.json` beside every
+checkpoint; on `--resume` the *model* section is read back from there so a typo on the
+command line cannot silently change the architecture.
+
+`from_dict` is strict: an unknown key or a value of the wrong type is an error that names
+the key (nanoGPT's "overrides fail loudly").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+DEFAULT_TFDS_DATASET = "ted_hrlr_translate/pt_to_en"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel corpus comes from.
+
+    Exactly one source is used, in this order of precedence: explicit files
+    (`train_src`/`train_tgt`/`val_src`/`val_tgt`), a directory of `{split}.pt`/`{split}.en`
+    files (`data_dir`), or the TFDS dataset `dataset`.
+    """
+
+    dataset: str = DEFAULT_TFDS_DATASET
+    tfds_data_dir: Optional[str] = None
+    data_dir: Optional[str] = None
+    train_src: Optional[str] = None
+    train_tgt: Optional[str] = None
+    val_src: Optional[str] = None
+    val_tgt: Optional[str] = None
+    src_lang: str = "pt"
+    tgt_lang: str = "en"
+    max_train_examples: Optional[int] = None  # take the first N training pairs (quick runs)
+    max_val_examples: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """WordPiece vocabulary learning (tensorflow-text `bert_vocab_from_dataset`)."""
+
+    vocab_size: int = 8000  # target size per language; the learned vocab is close to it
+    lower_case: bool = True
+    root: str = "tokenizers"  # built tokenizers go to <root>/<key>/
+    learn_max_examples: Optional[int] = None  # learn the vocab from at most N sentences
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture only (nanoGPT's GPTConfig): restored from the checkpoint on resume.
+
+    head_width: "tutorial" uses key_dim = d_model per head (the TF tutorial's choice);
+    "paper" uses key_dim = d_model // num_heads (Vaswani et al.).
+    """
+
+    num_layers: int = 4
+    d_model: int = 128
+    num_heads: int = 8
+    dff: int = 512
+    dropout_rate: float = 0.1
+    head_width: str = "tutorial"
+    max_length: int = 128  # tokens per sequence, including [START]/[END]
+    src_vocab_size: int = 0  # filled in from the tokenizers
+    tgt_vocab_size: int = 0
+
+    @property
+    def key_dim(self) -> int:
+        return self.d_model if self.head_width == "tutorial" else self.d_model // self.num_heads
+
+    def validate(self) -> None:
+        if self.head_width not in ("tutorial", "paper"):
+            raise ValueError(f"model.head_width must be 'tutorial' or 'paper', got {self.head_width!r}")
+        if self.head_width == "paper" and self.d_model % self.num_heads:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
+                f"({self.num_heads}) with head_width='paper'"
+            )
+        for name in ("num_layers", "d_model", "num_heads", "dff", "max_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How token batches are built (see transformer/pipeline.py).
+
+    kind "optimized": tokenize once + cache, bucket by length with a token budget per batch
+    (`max_tokens`) over a bounded set of padded shapes. kind "naive": the TF tutorial's
+    pipeline (shuffle → batch `batch_size` sentences → tokenize every step → pad to max).
+    """
+
+    kind: str = "optimized"
+    batch_size: int = 64  # sentences per batch (naive pipeline; optimized when max_tokens is None)
+    max_tokens: Optional[int] = 8192  # padded tokens per batch per side (optimized pipeline)
+    shuffle_buffer: int = 20000
+    cache: str = "memory"  # "memory", or a file path prefix for tf.data's file cache
+    bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
+
+    def validate(self) -> None:
+        if self.kind not in ("optimized", "naive"):
+            raise ValueError(f"pipeline.kind must be 'optimized' or 'naive', got {self.kind!r}")
+        if self.batch_size <= 0:
+            raise ValueError(f"pipeline.batch_size must be > 0, got {self.batch_size}")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ValueError(f"pipeline.max_tokens must be > 0, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and runtime settings (not part of the architecture)."""
+
+    epochs: int = 1
+    steps_per_epoch: Optional[int] = None  # None: one full pass over the training split
+    validation_steps: Optional[int] = None
+    seed: int = 0
+    warmup_steps: int = 4000
+    label_smoothing: float = 0.0
+    device: str = "auto"  # auto | cpu | gpu
+    mixed_precision: str = "off"  # off | float16 | bfloat16
+    xla: bool = False
+    output_dir: str = "runs/latest"
+    resume: bool = False
+    verbose: int = 1
+    label: str = ""  # name of the run in step-time reports (default: output directory name)
+    probe_peak: bool = True  # measure peak FLOP/s with a ~1 s matmul probe for utilisation
+
+    def validate(self) -> None:
+        if self.device not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"train.device must be auto, cpu or gpu, got {self.device!r}")
+        if self.mixed_precision not in ("off", "float16", "bfloat16"):
+            raise ValueError(
+                f"train.mixed_precision must be off, float16 or bfloat16, got {self.mixed_precision!r}"
+            )
+        if self.epochs <= 0:
+            raise ValueError(f"train.epochs must be > 0, got {self.epochs}")
+        if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
+            raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs; saved as config.json with each checkpoint."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> "RunConfig":
+        self.model.validate()
+        self.pipeline.validate()
+        self.train.validate()
+        return self
+
+    def replace(self, **sections: Any) -> "RunConfig":
+        """Returns a copy with whole sections or `section={field: value}` overrides."""
+        updates = {}
+        for name, value in sections.items():
+            current = getattr(self, name)
+            updates[name] = dataclasses.replace(current, **value) if isinstance(value, dict) else value
+        return dataclasses.replace(self, **updates)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, *, source: str = "config") -> "RunConfig":
+        return _from_dict(cls, values, source)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunConfig":
+        path = Path(path)
+        try:
+            values = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file not found: {path}") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
+        return cls.from_dict(values, source=str(path))
+
+
+def _from_dict(cls: type, values: dict, source: str) -> Any:
+    """Builds dataclass `cls` from `values`, rejecting unknown keys and wrong types."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{source}: expected a mapping for {cls.__name__}, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise KeyError(f"{source}: unknown key(s) {unknown} for {cls.__name__}; known: {sorted(known)}")
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        key = f"{source}.{name}"
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _from_dict(hint, value, key)
+        else:
+            kwargs[name] = _check_type(value, hint, key)
+    return cls(**kwargs)
+
+
+def _check_type(value: Any, hint: Any, key: str) -> Any:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union:  # Optional[X]
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is bool and not isinstance(value, bool):
+        raise TypeError(f"{key}: expected bool, got {value!r}")
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{key}: expected int, got {value!r}")
+    if not isinstance(value, hint):
+        raise TypeError(f"{key}: expected {hint.__name__}, got {value!r}")
+    return value

@@ -1,0 +1,287 @@
+"""Transformer building blocks (Keras 3), mixed-precision safe and with explicit masks.
+
+Masking is explicit everywhere: boolean `attention_mask` tensors `[batch, query_len,
+key_len]` (or broadcastable), built by the model from the pad id. Keras' implicit mask
+propagation (`mask_zero`) is deliberately not used: its semantics changed between Keras 2
+and 3 (keras#20320), and MultiHeadAttention has silently dropped the causal mask with
+dropout > 0 or returned scores (keras#23038). Tests prove causality and padding
+invariance.
+
+Attention logits, the mask and the softmax are computed in float32 whatever the compute
+dtype, so a float16 masked softmax cannot overflow (keras PR #17571).
+
+The decoder supports a fixed-size key/value cache (KerasHub style): the self-attention
+cache `[batch, 2, max_length, num_heads, key_dim]` is updated in place at
+`cache_update_index`; the cross-attention cache `[batch, 2, src_len, num_heads, key_dim]`
+is filled once from the encoder output. One code path serves training and step-by-step
+decoding, and XLA sees static shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+NEG_INF = -1e9
+
+
+def positional_encoding(length: int, depth: int) -> np.ndarray:
+    """Sinusoidal table `[length, depth]` float32 (sin on even, cos on odd features)."""
+    positions = np.arange(length)[:, np.newaxis]
+    rates = 1.0 / np.power(10000.0, (2 * (np.arange(depth) // 2)) / depth)
+    angles = positions * rates[np.newaxis, :]
+    table = np.zeros((length, depth), dtype=np.float32)
+    table[:, 0::2] = np.sin(angles[:, 0::2])
+    table[:, 1::2] = np.cos(angles[:, 1::2])
+    return table
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class PositionalEmbedding(keras.layers.Layer):
+    """Token embedding × sqrt(d_model) + sinusoidal position encoding.
+
+    Args:
+        vocab_size: int. Number of token ids.
+        d_model: int. Embedding width.
+        max_length: int. Longest sequence (size of the position table).
+
+    Call arguments:
+        token_ids: int tensor `[batch, seq_len]`.
+        start_index: int scalar. Position of the first token (for cached decoding).
+
+    Returns:
+        `[batch, seq_len, d_model]` in the layer's compute dtype.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, max_length: int, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.max_length = max_length
+        self.embedding = keras.layers.Embedding(vocab_size, d_model, dtype=self.dtype_policy, name="token_embedding")
+        self._table = positional_encoding(max_length, d_model)
+
+    def build(self, input_shape):
+        self.embedding.build(input_shape)
+        super().build(input_shape)
+
+    def call(self, token_ids, start_index=0):
+        length = tf.shape(token_ids)[1]
+        x = self.embedding(token_ids)
+        x = x * tf.cast(math.sqrt(self.d_model), x.dtype)
+        positions = tf.slice(tf.constant(self._table), [start_index, 0], [length, self.d_model])
+        return x + tf.cast(positions, x.dtype)[tf.newaxis]
+
+    def get_config(self):
+        return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model,
+                "max_length": self.max_length}
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
+    """MultiHeadAttention with explicit boolean masks, float32 softmax and a KV cache.
+
+    Call arguments:
+        query: `[batch, query_len, dim]`.
+        value: `[batch, key_len, dim]`; also the key.
+        attention_mask: bool, broadcastable to `[batch, query_len, key_len]`; True = attend.
+        cache: optional `[batch, 2, cache_len, num_heads, key_dim]` (keys at 0, values at 1).
+        cache_update_index: int scalar. With a cache: write this call's keys/values at this
+            position (self-attention). None with a cache: the cache already holds the
+            keys/values (cross-attention) and `value` is ignored.
+        training: bool. Enables attention dropout.
+
+    Returns:
+        `output [batch, query_len, dim]`, plus `scores [batch, heads, query_len, key_len]`
+        when `return_attention_scores`, plus the updated `cache` when one was given.
+    """
+
+    def call(self, query, value, attention_mask=None, cache=None, cache_update_index=None,
+             training=None, return_attention_scores=False):
+        query_heads = self._query_dense(query)  # [B, T, N, H]
+        if cache is not None and cache_update_index is None:
+            key_heads, value_heads = cache[:, 0], cache[:, 1]
+        else:
+            key_heads = self._key_dense(value)  # [B, S, N, H]
+            value_heads = self._value_dense(value)
+            if cache is not None:
+                start = [0, cache_update_index, 0, 0]
+                key_heads = _update_slice(cache[:, 0], key_heads, start)
+                value_heads = _update_slice(cache[:, 1], value_heads, start)
+                cache = tf.stack([key_heads, value_heads], axis=1)
+        output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training)
+        output = self._output_dense(output)
+        results = (output,)
+        if return_attention_scores:
+            results += (scores,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def project_key_value(self, value):
+        """Keys and values for a cross-attention cache: `[batch, 2, key_len, heads, key_dim]`."""
+        return tf.stack([self._key_dense(value), self._value_dense(value)], axis=1)
+
+    def _attend(self, query_heads, key_heads, value_heads, attention_mask, training):
+        query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
+        logits = tf.einsum("btnh,bsnh->bnts", query_heads, key_heads)
+        logits = tf.cast(logits, tf.float32)  # [B, N, T, S]
+        if attention_mask is not None:
+            mask = tf.cast(attention_mask, tf.bool)
+            while mask.shape.rank < 3:
+                mask = mask[tf.newaxis]
+            logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
+        scores = tf.nn.softmax(logits, axis=-1)
+        dropped = self._dropout_layer(scores, training=training)
+        output = tf.einsum("bnts,bsnh->btnh", tf.cast(dropped, value_heads.dtype), value_heads)
+        return output, scores
+
+
+def _update_slice(cache, update, start):
+    """Writes `update [B, U, N, H]` into `cache [B, L, N, H]` at position `start[1]`.
+
+    Pad-and-select rather than a scatter: static shapes, the same on CPU, GPU and XLA.
+    """
+    index, length, cache_len = start[1], tf.shape(update)[1], tf.shape(cache)[1]
+    padded = tf.pad(tf.cast(update, cache.dtype), [[0, 0], [index, cache_len - index - length], [0, 0], [0, 0]])
+    positions = tf.range(cache_len)
+    inside = (positions >= index) & (positions < index + length)
+    return tf.where(inside[tf.newaxis, :, tf.newaxis, tf.newaxis], padded, cache)
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class FeedForward(keras.layers.Layer):
+    """Position-wise FFN: Dense(dff, relu) → Dense(d_model) → Dropout. `[B, T, d]` → same."""
+
+    def __init__(self, d_model: int, dff: int, dropout_rate: float, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.dff, self.dropout_rate = d_model, dff, dropout_rate
+        self.inner = keras.layers.Dense(dff, activation="relu", dtype=self.dtype_policy, name="inner")
+        self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
+        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.outer.build(tuple(input_shape[:-1]) + (self.dff,))
+        super().build(input_shape)
+
+    def call(self, x, training=None):
+        return self.dropout(self.outer(self.inner(x)), training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate}
+
+
+def _attention(num_heads, key_dim, dropout_rate, dtype_policy, name):
+    return CachedMultiHeadAttention(
+        num_heads=num_heads, key_dim=key_dim, dropout=dropout_rate, dtype=dtype_policy, name=name
+    )
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class EncoderLayer(keras.layers.Layer):
+    """Post-norm encoder block: x = LN(x + SelfAttn(x)); x = LN(x + FFN(x)).
+
+    Call arguments:
+        x: `[batch, src_len, d_model]`.
+        attention_mask: bool `[batch, 1, src_len]` (True at real source tokens).
+
+    Returns:
+        `[batch, src_len, d_model]`.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, dff: int, dropout_rate: float, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.num_heads, self.key_dim = d_model, num_heads, key_dim
+        self.dff, self.dropout_rate = dff, dropout_rate
+        self.self_attention = _attention(num_heads, key_dim, dropout_rate, self.dtype_policy, "self_attention")
+        self.attention_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="attention_norm")
+        self.ffn = FeedForward(d_model, dff, dropout_rate, dtype=self.dtype_policy, name="ffn")
+        self.ffn_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="ffn_norm")
+
+    def build(self, x_shape):
+        self.self_attention.build(x_shape, x_shape)
+        self.attention_norm.build(x_shape)
+        self.ffn.build(x_shape)
+        self.ffn_norm.build(x_shape)
+        self.built = True
+
+    def call(self, x, attention_mask=None, training=None):  # noqa: D102
+        attended = self.self_attention(x, x, attention_mask=attention_mask, training=training)
+        x = self.attention_norm(x + attended)
+        return self.ffn_norm(x + self.ffn(x, training=training))
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
+                "key_dim": self.key_dim, "dff": self.dff, "dropout_rate": self.dropout_rate}
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class DecoderLayer(keras.layers.Layer):
+    """Post-norm decoder block: causal self-attention, cross-attention, FFN.
+
+    Call arguments:
+        x: `[batch, tgt_len, d_model]`.
+        memory: `[batch, src_len, d_model]` encoder output (ignored when `cross_cache` given).
+        self_attention_mask: bool `[batch, tgt_len, key_len]` (causal & padding).
+        cross_attention_mask: bool `[batch, 1, src_len]`.
+        self_cache: optional `[batch, 2, max_length, heads, key_dim]`, with
+            `cache_update_index` (the position of `x`'s first token).
+        cross_cache: optional `[batch, 2, src_len, heads, key_dim]` (see `cross_cache_for`).
+
+    Returns:
+        `(x [batch, tgt_len, d_model], cross_scores [batch, heads, tgt_len, src_len],
+        self_cache or None)`.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, dff: int, dropout_rate: float, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.num_heads, self.key_dim = d_model, num_heads, key_dim
+        self.dff, self.dropout_rate = dff, dropout_rate
+        self.self_attention = _attention(num_heads, key_dim, dropout_rate, self.dtype_policy, "self_attention")
+        self.self_attention_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="self_attention_norm")
+        self.cross_attention = _attention(num_heads, key_dim, dropout_rate, self.dtype_policy, "cross_attention")
+        self.cross_attention_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="cross_attention_norm")
+        self.ffn = FeedForward(d_model, dff, dropout_rate, dtype=self.dtype_policy, name="ffn")
+        self.ffn_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="ffn_norm")
+
+    def build(self, x_shape, memory_shape=None):
+        memory_shape = memory_shape or x_shape
+        self.self_attention.build(x_shape, x_shape)
+        self.self_attention_norm.build(x_shape)
+        self.cross_attention.build(x_shape, memory_shape)
+        self.cross_attention_norm.build(x_shape)
+        self.ffn.build(x_shape)
+        self.ffn_norm.build(x_shape)
+        self.built = True
+
+    def call(self, x, memory, self_attention_mask=None, cross_attention_mask=None, self_cache=None,
+             cross_cache=None, cache_update_index=None, training=None):
+        if self_cache is not None:
+            attended, self_cache = self.self_attention(
+                x, x, attention_mask=self_attention_mask, cache=self_cache,
+                cache_update_index=cache_update_index, training=training)
+        else:
+            attended = self.self_attention(x, x, attention_mask=self_attention_mask, training=training)
+        x = self.self_attention_norm(x + attended)
+        if cross_cache is not None:
+            attended, cross_scores, _ = self.cross_attention(
+                x, x, attention_mask=cross_attention_mask, cache=cross_cache, training=training,
+                return_attention_scores=True)
+        else:
+            attended, cross_scores = self.cross_attention(
+                x, memory, attention_mask=cross_attention_mask, training=training, return_attention_scores=True)
+        x = self.cross_attention_norm(x + attended)
+        x = self.ffn_norm(x + self.ffn(x, training=training))
+        return x, cross_scores, self_cache
+
+    def cross_cache_for(self, memory):
+        """Precomputed cross-attention keys/values `[batch, 2, src_len, heads, key_dim]`."""
+        return self.cross_attention.project_key_value(memory)
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
+                "key_dim": self.key_dim, "dff": self.dff, "dropout_rate": self.dropout_rate}

@@ -1,0 +1,145 @@
+"""The encoder-decoder Transformer (Keras 3 model).
+
+Training call: `model((src_ids, tgt_in_ids))` → logits `[batch, tgt_len, tgt_vocab]`,
+always float32 (the final projection runs in float32 under every precision policy).
+
+Incremental decoding (used by transformer/translator.py), KerasHub style:
+    memory, src_mask = model.encode(src_ids)
+    cache = model.init_cache(memory, src_mask, max_length)
+    logits, cache, cross_scores = model.decode_step(token_ids, index, src_mask, cache)
+Each step feeds only the new token(s) at position `index`; the encoder runs once and the
+cross-attention keys/values are computed once.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from transformer.config import ModelConfig
+from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
+from transformer.tokenizer import PAD_ID
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer (Vaswani et al. 2017; TF tutorial layout).
+
+    Args:
+        num_layers, d_model, num_heads, dff, dropout_rate, head_width, max_length,
+        src_vocab_size, tgt_vocab_size: see `transformer.config.ModelConfig`.
+
+    Call arguments:
+        inputs: tuple `(src_ids [batch, src_len], tgt_in_ids [batch, tgt_len])`, int, pad 0.
+        training: bool.
+
+    Returns:
+        logits `[batch, tgt_len, tgt_vocab_size]` float32.
+    """
+
+    def __init__(self, num_layers=4, d_model=128, num_heads=8, dff=512, dropout_rate=0.1,
+                 head_width="tutorial", max_length=128, src_vocab_size=8000, tgt_vocab_size=8000, **kwargs):
+        super().__init__(**kwargs)
+        self.config = ModelConfig(
+            num_layers=num_layers, d_model=d_model, num_heads=num_heads, dff=dff,
+            dropout_rate=dropout_rate, head_width=head_width, max_length=max_length,
+            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+        )
+        self.config.validate()
+        policy = self.dtype_policy
+        layer_args = dict(d_model=d_model, num_heads=num_heads, key_dim=self.config.key_dim, dff=dff,
+                          dropout_rate=dropout_rate, dtype=policy)
+        self.src_embedding = PositionalEmbedding(src_vocab_size, d_model, max_length, dtype=policy, name="src_embedding")
+        self.tgt_embedding = PositionalEmbedding(tgt_vocab_size, d_model, max_length, dtype=policy, name="tgt_embedding")
+        self.src_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="src_dropout")
+        self.tgt_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="tgt_dropout")
+        self.encoder_layers = [EncoderLayer(**layer_args, name=f"encoder_{i}") for i in range(num_layers)]
+        self.decoder_layers = [DecoderLayer(**layer_args, name=f"decoder_{i}") for i in range(num_layers)]
+        # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16.
+        self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
+
+    @classmethod
+    def from_model_config(cls, config: ModelConfig, **kwargs) -> "Transformer":
+        fields = {k: getattr(config, k) for k in config.__dataclass_fields__}
+        return cls(**fields, **kwargs)
+
+    def build(self, input_shape=None):
+        src_shape, tgt_shape = (None, None), (None, None)
+        self.src_embedding.build(src_shape)
+        self.tgt_embedding.build(tgt_shape)
+        hidden = (None, None, self.config.d_model)
+        for layer in self.encoder_layers:
+            layer.build(hidden)
+        for layer in self.decoder_layers:
+            layer.build(hidden, hidden)
+        self.final_layer.build(hidden)
+        self.built = True
+
+    # ---- full-sequence passes -------------------------------------------------------
+    def call(self, inputs, training=None):
+        src_ids, tgt_ids = inputs
+        memory, src_mask = self.encode(src_ids, training=training)
+        logits, _ = self.decode(tgt_ids, memory, src_mask, training=training)
+        return logits
+
+    def encode(self, src_ids, training=None):
+        """`[batch, src_len]` ids → (memory `[batch, src_len, d_model]`, src_mask bool `[batch, src_len]`)."""
+        src_mask = tf.not_equal(src_ids, PAD_ID)
+        x = self.src_dropout(self.src_embedding(src_ids), training=training)
+        attention_mask = src_mask[:, tf.newaxis, :]  # [B, 1, S]
+        for layer in self.encoder_layers:
+            x = layer(x, attention_mask=attention_mask, training=training)
+        return x, src_mask
+
+    def decode(self, tgt_ids, memory, src_mask, training=None):
+        """Teacher-forced decoder pass → (logits `[B, T, V]` float32, last cross scores `[B, heads, T, S]`)."""
+        length = tf.shape(tgt_ids)[1]
+        causal = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)  # [T, T] lower triangle
+        self_mask = causal[tf.newaxis] & tf.not_equal(tgt_ids, PAD_ID)[:, tf.newaxis, :]
+        cross_mask = src_mask[:, tf.newaxis, :]
+        x = self.tgt_dropout(self.tgt_embedding(tgt_ids), training=training)
+        cross_scores = None
+        for layer in self.decoder_layers:
+            x, cross_scores, _ = layer(x, memory, self_attention_mask=self_mask,
+                                       cross_attention_mask=cross_mask, training=training)
+        return self.final_layer(x), cross_scores
+
+    # ---- incremental decoding ---------------------------------------------------------
+    def init_cache(self, memory, src_mask, max_length: int):
+        """Empty self-attention caches and filled cross-attention caches, one per layer.
+
+        Returns a dict: `self` → list of `[B, 2, max_length, heads, key_dim]` zeros,
+        `cross` → list of `[B, 2, src_len, heads, key_dim]`.
+        """
+        batch = tf.shape(memory)[0]
+        shape = [batch, 2, max_length, self.config.num_heads, self.config.key_dim]
+        return {
+            "self": [tf.zeros(shape, dtype=self.compute_dtype) for _ in self.decoder_layers],
+            "cross": [layer.cross_cache_for(memory) for layer in self.decoder_layers],
+        }
+
+    def decode_step(self, token_ids, index, src_mask, cache):
+        """Decodes `token_ids [B, U]` placed at positions `index … index+U-1`.
+
+        Returns (logits `[B, U, V]` float32, updated cache, last layer's cross-attention
+        scores `[B, heads, U, src_len]`).
+        """
+        steps = tf.shape(token_ids)[1]
+        max_length = tf.shape(cache["self"][0])[2]
+        query_pos = index + tf.range(steps)
+        self_mask = tf.range(max_length)[tf.newaxis, :] <= query_pos[:, tf.newaxis]  # [U, L]
+        self_mask = self_mask[tf.newaxis]
+        cross_mask = src_mask[:, tf.newaxis, :]
+        x = self.tgt_embedding(token_ids, start_index=index)
+        new_self, cross_scores = [], None
+        for layer, self_cache, cross_cache in zip(self.decoder_layers, cache["self"], cache["cross"]):
+            x, cross_scores, self_cache = layer(
+                x, None, self_attention_mask=self_mask, cross_attention_mask=cross_mask,
+                self_cache=self_cache, cross_cache=cross_cache, cache_update_index=index)
+            new_self.append(self_cache)
+        return self.final_layer(x), {"self": new_self, "cross": cache["cross"]}, cross_scores
+
+    def get_config(self):
+        base = super().get_config()
+        fields = {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
+        return {**{k: v for k, v in base.items() if k in ("name", "trainable", "dtype")}, **fields}

@@ -1,0 +1,465 @@
+"""Step-time report: one JSON per training run plus a per-step CSV beside it.
+
+Units: seconds (s), bytes, tokens/s, examples/s, FLOPs, FLOP/s; shares are percentages.
+
+`report.json` holds the environment (library versions, device, CPU, `nvidia-smi`), the
+caller's free-form `run` description (precision, XLA, pipeline, batching, model...), the
+state of the run ("running", "completed", "crashed", "interrupted"), the error if any, and
+a steady-state `summary`; `report_steps.csv` holds one row per recorded step (one row per
+Keras execution when `steps_per_execution > 1`; `batches` says how many steps it covers).
+
+Steady state: the first `warmup_steps` rows (trace/compile) are left out of every
+aggregate; the first one is reported on its own as `first_step_s`. Rates are ratios of
+sums (total tokens ÷ total time), not means of per-step rates.
+
+Both files are written atomically (temp file + `os.replace`), so a reader never sees a
+half-written report. Wrap training in `with report.guard():` so the report is written with
+the right state however the run ends:
+
+    report = StepTimeReport("runs/a/report.json", run={"precision": "float32"})
+    with report.guard():
+        model.fit(dataset, callbacks=[BatchTimer(report)])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import datetime
+import io
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
+import psutil
+
+SCHEMA_VERSION = 1
+STATES = ("running", "completed", "crashed", "interrupted")
+REQUIRED_KEYS = (
+    "schema_version",
+    "environment",
+    "run",
+    "steps_planned",
+    "steps_done",
+    "state",
+    "error",
+    "summary",
+    "steps_csv",
+)
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    return None if num is None or not den else num / den
+
+
+def _pct(num: Optional[float], den: Optional[float]) -> Optional[float]:
+    ratio = _ratio(num, den)
+    return None if ratio is None else 100.0 * ratio
+
+
+def _total(records: Sequence[StepRecord], name: str) -> Optional[float]:
+    """Sum of one field over records; None if any record lacks it (no silent gaps)."""
+    values = [getattr(r, name) for r in records]
+    return None if not values or any(v is None for v in values) else float(sum(values))
+
+
+def _padding_fraction(records: Sequence[StepRecord]) -> Optional[float]:
+    real = [_total(records, "src_tokens"), _total(records, "tgt_tokens")]
+    padded = [_total(records, "src_padded"), _total(records, "tgt_padded")]
+    if None in real or None in padded or not sum(padded):
+        return None
+    return 1.0 - sum(real) / sum(padded)
+
+
+def _max(records: Sequence[StepRecord], name: str) -> Optional[float]:
+    values = [getattr(r, name) for r in records if getattr(r, name) is not None]
+    return max(values) if values else None
+
+
+def _rates(records: Sequence[StepRecord], peak_flops: Optional[float]) -> dict:
+    """Throughput of `records` as ratios of sums: tokens/s, examples/s, FLOP/s, shares."""
+    time_s = _total(records, "time_s")
+    flops_per_s = _ratio(_total(records, "flops"), time_s)
+    return {
+        "data_wait_pct": _pct(_total(records, "data_wait_s"), time_s),
+        "examples_per_s": _ratio(_total(records, "examples"), time_s),
+        "src_tokens_per_s": _ratio(_total(records, "src_tokens"), time_s),
+        "src_padded_tokens_per_s": _ratio(_total(records, "src_padded"), time_s),
+        "tgt_tokens_per_s": _ratio(_total(records, "tgt_tokens"), time_s),
+        "tgt_padded_tokens_per_s": _ratio(_total(records, "tgt_padded"), time_s),
+        "padding_fraction": _padding_fraction(records),
+        "flops_per_s": flops_per_s,
+        "utilisation": _ratio(flops_per_s, peak_flops),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """Raw measurements of one step (or one execution of `batches` steps).
+
+    Counts are None when they could not be measured (e.g. input-wait measurement off).
+    """
+
+    step: int  # global index of the first step in this row, from 0
+    epoch: int
+    batches: int  # steps in this row (> 1 only with steps_per_execution > 1)
+    time_s: float  # wall time of the row, device synced
+    data_wait_s: Optional[float] = None  # time blocked in next(iterator)
+    instrument_s: Optional[float] = None  # time spent counting tokens (measurement overhead)
+    examples: Optional[int] = None
+    src_tokens: Optional[int] = None  # non-pad
+    src_padded: Optional[int] = None  # batch × padded length
+    tgt_tokens: Optional[int] = None
+    tgt_padded: Optional[int] = None
+    flops: Optional[float] = None  # estimated model FLOPs (padded shapes)
+    rss_bytes: Optional[int] = None  # host resident set size after the step
+    gpu_peak_bytes: Optional[int] = None  # GPU:0 allocator peak so far
+    loss: Optional[float] = None
+
+    @property
+    def step_s(self) -> float:
+        return self.time_s / self.batches
+
+    def row(self, *, warmup: bool, peak_flops: Optional[float]) -> dict:
+        """The CSV row: raw fields plus this step's rates."""
+        return {
+            **dataclasses.asdict(self),
+            "warmup": warmup,
+            "step_s": self.step_s,
+            **_rates([self], peak_flops),
+        }
+
+
+# CSV header: the raw fields, then the derived ones, in `StepRecord.row` order.
+STEP_COLUMNS: tuple[str, ...] = tuple(
+    StepRecord(step=0, epoch=0, batches=1, time_s=1.0).row(warmup=False, peak_flops=None)
+)
+
+
+def summarize(
+    records: Sequence[StepRecord],
+    *,
+    warmup_steps: int,
+    peak_flops: Optional[float] = None,
+    train_wall_s: Optional[float] = None,
+) -> dict:
+    """Steady-state statistics (rows after the first `warmup_steps` rows)."""
+    steady = list(records[warmup_steps:])
+    time_s = _total(steady, "time_s")
+    batches = _total(steady, "batches")
+    step_times = np.array([r.step_s for r in steady]) if steady else None
+    return {
+        "first_step_s": records[0].time_s if records else None,
+        "warmup_steps": warmup_steps,
+        "steady_steps": int(batches or 0),
+        "total_wall_s": train_wall_s,
+        "steps_time_s": _total(records, "time_s"),
+        "mean_step_s": _ratio(time_s, batches),
+        "median_step_s": float(np.median(step_times)) if steady else None,
+        "p90_step_s": float(np.percentile(step_times, 90)) if steady else None,
+        **_rates(steady, peak_flops),
+        "instrument_pct": _pct(_total(steady, "instrument_s"), time_s),
+        "flops_per_step": _ratio(_total(steady, "flops"), batches),
+        "peak_flops": peak_flops,
+        "peak_rss_bytes": _max(records, "rss_bytes"),
+        "gpu_peak_bytes": _max(records, "gpu_peak_bytes"),
+    }
+
+
+# ---------------------------------------------------------------------------- environment
+
+
+def _package_version(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _nvidia_smi() -> Optional[str]:
+    """`nvidia-smi` output, or None when the binary is absent or fails."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    try:
+        done = subprocess.run([binary], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"nvidia-smi failed: {err}"
+    return done.stdout or done.stderr
+
+
+def capture_environment() -> dict:
+    """Versions, device, CPU and host of this process (JSON-ready)."""
+    import keras
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    device = "CPU"
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        device = details.get("device_name", gpus[0].name)
+    build = tf.sysconfig.get_build_info()
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "tensorflow_text": _package_version("tensorflow-text"),
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "device": device,
+        "gpu_count": len(gpus),
+        "cuda_build": build.get("cuda_version"),
+        "cudnn_build": build.get("cudnn_version"),
+        "cpu_model": _cpu_model(),
+        "cpu_count_logical": psutil.cpu_count(logical=True),
+        "cpu_count_physical": psutil.cpu_count(logical=False),
+        "cpu_count_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "nvidia_smi": _nvidia_smi(),
+    }
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _jsonable(value: Any) -> Any:
+    """`json.dumps` fallback for what callers put in `run`: dataclasses, paths, numpy."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Writes `text` to `path` via a temp file in the same directory and `os.replace`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def steps_csv_path(json_path: str | Path) -> Path:
+    """`dir/name.json` → `dir/name_steps.csv`."""
+    json_path = Path(json_path)
+    return json_path.with_name(f"{json_path.stem}_steps.csv")
+
+
+def error_info(err: BaseException, max_frames: int = 12) -> dict:
+    """Type, message and the last frames of the traceback of an exception."""
+    import tensorflow as tf
+
+    lines = traceback.format_exception(type(err), err, err.__traceback__)
+    message = str(err)
+    return {
+        "type": type(err).__name__,
+        "message": message[:4000],
+        "out_of_memory": isinstance(err, tf.errors.ResourceExhaustedError)
+        or "out of memory" in message.lower(),
+        "traceback": "".join(lines[-max_frames:])[-8000:],
+    }
+
+
+class StepTimeReport:
+    """Per-step timings of one training run and their steady-state summary.
+
+    Args:
+        path: str, Path or None. Where to write the JSON; the CSV goes to
+            `<stem>_steps.csv` beside it. None keeps the report in memory (`write` is a no-op).
+        run: mapping or None. Free-form description of the run (precision, xla, pipeline,
+            batching, dataset, model config...). `compare` reads the keys `label`,
+            `precision`, `xla`, `pipeline` and `batching` if present.
+        steps_planned: int or None. Steps the run intends to do.
+        warmup_steps: int. Leading rows left out of the summary. Defaults to `1`.
+        environment: dict or None. None captures this process's environment.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        run: Optional[Mapping[str, Any]] = None,
+        steps_planned: Optional[int] = None,
+        warmup_steps: int = 1,
+        environment: Optional[dict] = None,
+    ):
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.path = Path(path) if path is not None else None
+        self.run = dict(run or {})
+        self.steps_planned = steps_planned
+        self.warmup_steps = warmup_steps
+        self.environment = environment if environment is not None else capture_environment()
+        self.records: list[StepRecord] = []
+        self.peak_flops: Optional[float] = None
+        self.train_wall_s: Optional[float] = None
+        self.state = "running"
+        self.error: Optional[dict] = None
+        self.created_at = _now()
+        self.finished_at: Optional[str] = None
+        self.guarded = False  # inside `guard()`: the guard, not `BatchTimer`, sets the end state
+
+    @property
+    def steps_csv(self) -> Optional[Path]:
+        return steps_csv_path(self.path) if self.path is not None else None
+
+    @property
+    def steps_done(self) -> int:
+        return sum(r.batches for r in self.records)
+
+    def add_step(self, record: StepRecord) -> None:
+        self.records.append(record)
+
+    def summary(self) -> dict:
+        return summarize(
+            self.records,
+            warmup_steps=self.warmup_steps,
+            peak_flops=self.peak_flops,
+            train_wall_s=self.train_wall_s,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "environment": self.environment,
+            "run": self.run,
+            "steps_planned": self.steps_planned,
+            "steps_done": self.steps_done,
+            "state": self.state,
+            "error": self.error,
+            "summary": self.summary(),
+            "steps_csv": self.steps_csv.name if self.steps_csv else None,
+            "created_at": self.created_at,
+            "updated_at": _now(),
+            "finished_at": self.finished_at,
+        }
+
+    def steps_csv_text(self) -> str:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=STEP_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for i, record in enumerate(self.records):
+            writer.writerow(record.row(warmup=i < self.warmup_steps, peak_flops=self.peak_flops))
+        return out.getvalue()
+
+    def write(self) -> Optional[Path]:
+        """Writes the CSV, then the JSON (both atomically); returns the JSON path."""
+        if self.path is None:
+            return None
+        atomic_write_text(self.steps_csv, self.steps_csv_text())
+        text = json.dumps(self.to_dict(), indent=2, default=_jsonable)
+        atomic_write_text(self.path, text + "\n")
+        return self.path
+
+    def finish(self, state: str, error: Optional[BaseException] = None) -> None:
+        """Sets the final state (and error) and writes the report."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        self.state = state
+        self.error = error_info(error) if error is not None else None
+        self.finished_at = _now()
+        self.write()
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator["StepTimeReport"]:
+        """Marks the run completed / interrupted (Ctrl-C) / crashed, writes it, re-raises."""
+        self.state = "running"
+        self.guarded = True
+        self.write()
+        try:
+            yield self
+        except KeyboardInterrupt as err:
+            self._finish_quietly("interrupted", err)
+            raise
+        except Exception as err:
+            self._finish_quietly("crashed", err)
+            raise
+        except BaseException as err:  # SystemExit, GeneratorExit: stopped, not failed
+            self._finish_quietly("interrupted", err)
+            raise
+        else:
+            self.finish("completed")
+        finally:
+            self.guarded = False
+
+    def _finish_quietly(self, state: str, err: BaseException) -> None:
+        """`finish` that never hides the training error behind a write error."""
+        try:
+            self.finish(state, err)
+        except Exception as write_err:  # noqa: BLE001 - reported, then the original re-raised
+            print(f"warning: could not write step-time report {self.path}: {write_err!r}")
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def load_report(path: str | Path) -> dict:
+    """Reads a report JSON and checks it has every required key; errors name the file."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"step-time report not found: {path}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"{path}: not a step-time report (expected a JSON object)")
+    missing = [key for key in REQUIRED_KEYS if key not in report]
+    if missing:
+        raise ValueError(f"{path}: not a step-time report, missing keys {missing}")
+    if report["state"] not in STATES:
+        raise ValueError(f"{path}: state must be one of {STATES}, got {report['state']!r}")
+    return report
+
+
+def _parse_cell(text: str) -> Any:
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def load_steps(json_path: str | Path, report: Optional[dict] = None) -> list[dict]:
+    """The per-step rows of a report, numbers parsed, missing values as None."""
+    json_path = Path(json_path)
+    report = report if report is not None else load_report(json_path)
+    if not report["steps_csv"]:
+        return []
+    csv_path = json_path.parent / report["steps_csv"]
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            return [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{json_path}: per-step CSV not found: {csv_path}") from None
