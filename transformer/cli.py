@@ -79,6 +79,15 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label", help="name of this run in step-time reports (default: --output's name)")
     group.add_argument("--no-probe-peak", dest="probe_peak", action="store_false", default=None,
                        help="skip the ~1 s matmul probe that measures peak FLOP/s for utilisation")
+    group.add_argument("--strategy", choices=["auto", "one-device", "mirrored", "multi-worker", "tpu"],
+                       help="tf.distribute strategy (default auto: multi-worker if TF_CONFIG has a cluster, "
+                            "mirrored if >1 GPU, else one device); batch flags are per replica")
+    group.add_argument("--backup-every-steps", type=int,
+                       help="back up model + optimizer every N steps (BackupAndRestore); a restarted run resumes there")
+    group.add_argument("--auto-batch", action="store_true", default=None,
+                       help="on out-of-memory, restore the last checkpoint/backup and retry at half the batch")
+    group.add_argument("--auto-batch-floor", type=int,
+                       help="smallest --max-tokens (or --batch-size) --auto-batch goes down to")
 
 
 def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:

@@ -42,6 +42,11 @@ class DataConfig:
     max_train_examples: Optional[int] = None  # take the first N training pairs (quick runs)
     max_val_examples: Optional[int] = None
 
+    def validate(self) -> None:
+        for name in ("max_train_examples", "max_val_examples"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"data.{name} must be > 0 (or unset for all), got {getattr(self, name)}")
+
 
 @dataclass(frozen=True)
 class TokenizerConfig:
@@ -51,6 +56,12 @@ class TokenizerConfig:
     lower_case: bool = True
     root: str = "tokenizers"  # built tokenizers go to <root>/<key>/
     learn_max_examples: Optional[int] = None  # learn the vocab from at most N sentences
+
+    def validate(self) -> None:
+        if self.vocab_size <= 4:  # [PAD] [UNK] [START] [END]
+            raise ValueError(f"tokenizer.vocab_size must exceed the 4 reserved tokens, got {self.vocab_size}")
+        if self.learn_max_examples is not None and self.learn_max_examples <= 0:
+            raise ValueError(f"tokenizer.learn_max_examples must be > 0 (or unset), got {self.learn_max_examples}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,10 @@ class TrainConfig:
     verbose: int = 1
     label: str = ""  # name of the run in step-time reports (default: output directory name)
     probe_peak: bool = True  # measure peak FLOP/s with a ~1 s matmul probe for utilisation
+    strategy: str = "auto"  # auto | one-device | mirrored | multi-worker | tpu (transformer/distribute.py)
+    backup_every_steps: Optional[int] = None  # mid-epoch BackupAndRestore snapshots every N steps
+    auto_batch: bool = False  # on out-of-memory: restore, halve the batch (down to the floor), continue
+    auto_batch_floor: Optional[int] = None  # smallest max_tokens (or batch_size); None: training.py's default
 
     def validate(self) -> None:
         if self.device not in ("auto", "cpu", "gpu"):
@@ -147,6 +162,12 @@ class TrainConfig:
             raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        strategies = ("auto", "one-device", "mirrored", "multi-worker", "tpu")
+        if self.strategy not in strategies:
+            raise ValueError(f"train.strategy must be one of {', '.join(strategies)}, got {self.strategy!r}")
+        for name in ("backup_every_steps", "auto_batch_floor"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,8 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> "RunConfig":
+        self.data.validate()
+        self.tokenizer.validate()
         self.model.validate()
         self.pipeline.validate()
         self.train.validate()

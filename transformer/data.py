@@ -146,14 +146,24 @@ def _local_corpus(
 
 
 def _tfds_corpus(config: DataConfig) -> ParallelCorpus:
+    """A TFDS translation dataset through `tfds.load` (downloads and prepares it if needed).
+
+    `tfds.load(..., as_supervised=True)` yields `(src, tgt)` pairs in the dataset's
+    supervised order (pt, en for `ted_hrlr_translate/pt_to_en`). Pairs with an empty side
+    are filtered out lazily, so `num_train` / `num_validation` are the split sizes (capped
+    by `max_*_examples`) before that filter, and `dropped_empty` stays 0 (unknown without a
+    full pass). The validation split is used when the dataset has one.
+    """
     import tensorflow_datasets as tfds
 
+    def load(split: str, **kwargs):
+        return tfds.load(config.dataset, split=split, data_dir=config.tfds_data_dir, as_supervised=True,
+                         shuffle_files=False, **kwargs)
+
     try:
-        builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
-    except Exception as err:  # tfds raises several types for unknown names
+        train, info = load("train", with_info=True)
+    except tfds.core.registered.DatasetNotFoundError as err:
         raise CorpusError(f"--dataset {config.dataset!r}: {err}") from None
-    try:
-        builder.download_and_prepare()
     except Exception as err:
         raise CorpusError(
             f"could not download/prepare TFDS dataset {config.dataset!r} ({type(err).__name__}: {err}). "
@@ -162,22 +172,28 @@ def _tfds_corpus(config: DataConfig) -> ParallelCorpus:
             "(see README, 'Training offline')."
         ) from None
 
-    def take(split: str, limit: Optional[int]) -> tf.data.Dataset:
-        ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+    def prepare(ds: tf.data.Dataset, limit: Optional[int]) -> tf.data.Dataset:
+        ds = ds.filter(_both_sides_non_empty)  # as the local path: drop pairs with an empty side
         return ds.take(limit) if limit else ds
 
-    splits = builder.info.splits
-    val_split = "validation" if "validation" in splits else None
-    num_train = splits["train"].num_examples
-    if config.max_train_examples:
-        num_train = min(num_train, config.max_train_examples)
+    def size(split: str, limit: Optional[int]) -> Optional[int]:
+        if split not in info.splits:  # unknown (e.g. metadata not generated)
+            return None
+        count = info.splits[split].num_examples
+        return min(count, limit) if limit else count
+
+    has_val = "validation" in info.splits
     return ParallelCorpus(
         name=config.dataset.replace("/", "-"),
-        fingerprint=hashlib.sha256(
-            f"tfds:{builder.info.full_name}:{config.max_train_examples}".encode()
-        ).hexdigest(),
-        train=take("train", config.max_train_examples),
-        validation=take(val_split, config.max_val_examples) if val_split else None,
-        num_train=num_train,
-        num_validation=splits[val_split].num_examples if val_split else None,
+        fingerprint=hashlib.sha256(f"tfds:{info.full_name}:{config.max_train_examples}".encode()).hexdigest(),
+        train=prepare(train, config.max_train_examples),
+        validation=prepare(load("validation"), config.max_val_examples) if has_val else None,
+        num_train=size("train", config.max_train_examples),
+        num_validation=size("validation", config.max_val_examples) if has_val else None,
     )
+
+
+def _both_sides_non_empty(src: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
+    """True when neither scalar tf.string is empty after stripping whitespace."""
+    return tf.logical_and(tf.strings.length(tf.strings.strip(src)) > 0,
+                          tf.strings.length(tf.strings.strip(tgt)) > 0)

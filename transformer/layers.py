@@ -7,14 +7,18 @@ and 3 (keras#20320), and MultiHeadAttention has silently dropped the causal mask
 dropout > 0 or returned scores (keras#23038). Tests prove causality and padding
 invariance.
 
-Attention logits, the mask and the softmax are computed in float32 whatever the compute
-dtype, so a float16 masked softmax cannot overflow (keras PR #17571).
+The query is scaled by 1/sqrt(key_dim) *before* the query·key product (which runs in the
+compute dtype, keeping the matmul fast), then the logits are cast to float32 and the mask
+and softmax are applied in float32 whatever the compute dtype, so a float16 masked softmax
+cannot overflow (keras PR #17571).
 
 The decoder supports a fixed-size key/value cache (KerasHub style): the self-attention
 cache `[batch, 2, max_length, num_heads, key_dim]` is updated in place at
 `cache_update_index`; the cross-attention cache `[batch, 2, src_len, num_heads, key_dim]`
-is filled once from the encoder output. One code path serves training and step-by-step
-decoding, and XLA sees static shapes.
+is filled once from the encoder output. A rank-3 cache `[batch, len, d_model]` holds the
+attended inputs instead, with keys/values folded into the query and the context
+(`CachedMultiHeadAttention.attend_inputs`); the model uses it when key_dim >= d_model.
+One code path serves training and step-by-step decoding, and XLA sees static shapes.
 """
 
 from __future__ import annotations
@@ -88,10 +92,12 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         query: `[batch, query_len, dim]`.
         value: `[batch, key_len, dim]`; also the key.
         attention_mask: bool, broadcastable to `[batch, query_len, key_len]`; True = attend.
-        cache: optional `[batch, 2, cache_len, num_heads, key_dim]` (keys at 0, values at 1).
-        cache_update_index: int scalar. With a cache: write this call's keys/values at this
-            position (self-attention). None with a cache: the cache already holds the
-            keys/values (cross-attention) and `value` is ignored.
+        cache: optional, either keys/values `[batch, 2, cache_len, num_heads, key_dim]` (keys
+            at 0, values at 1), or the attended *inputs* `[batch, cache_len, dim]` (rank 3):
+            keys/values are then implicit, see `attend_inputs`.
+        cache_update_index: int scalar. With a cache: write this call's keys/values (or
+            inputs) at this position (self-attention). None with a cache: the cache already
+            holds them (cross-attention) and `value` is ignored.
         training: bool. Enables attention dropout.
 
     Returns:
@@ -101,6 +107,11 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def call(self, query, value, attention_mask=None, cache=None, cache_update_index=None,
              training=None, return_attention_scores=False):
+        if cache is not None and cache.shape.rank == 3:  # input cache: implicit keys/values
+            if cache_update_index is not None:
+                cache = _update_slice(cache, value, [0, cache_update_index])
+            output, scores = self.attend_inputs(query, cache, attention_mask)
+            return (output, scores, cache) if return_attention_scores else (output, cache)
         query_heads = self._query_dense(query)  # [B, T, N, H]
         if cache is not None and cache_update_index is None:
             key_heads, value_heads = cache[:, 0], cache[:, 1]
@@ -125,6 +136,33 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         """Keys and values for a cross-attention cache: `[batch, 2, key_len, heads, key_dim]`."""
         return tf.stack([self._key_dense(value), self._value_dense(value)], axis=1)
 
+    def attend_inputs(self, query, inputs, attention_mask=None):
+        """Attention over `inputs [B, S, dim]` without materialising per-head keys/values.
+
+        Exact rewrite (inference: no attention dropout): q·(Wk x + bk) = (Wkᵀq)·x + q·bk, and
+        q·bk is the same for every key, so the softmax drops it; Σ a·(Wv x + bv) =
+        Wv·(Σ a·x) + bv since the weights sum to 1. A decoding step then reads `inputs`
+        instead of keys and values of `heads · key_dim` each: 16x less memory traffic with
+        head_width="tutorial" (key_dim = dim), for the same FLOPs.
+
+        Returns (output `[B, T, dim]`, scores `[B, heads, T, S]` float32).
+        """
+        dtype = self.compute_dtype
+        query_heads = self._query_dense(query) * tf.cast(self._inverse_sqrt_key_dim, dtype)  # [B, T, N, H]
+        folded = tf.einsum("btnh,dnh->btnd", query_heads, tf.cast(self._key_dense.kernel, dtype))  # [B, T, N, dim]
+        logits = tf.cast(tf.einsum("btnd,bsd->bnts", folded, tf.cast(inputs, dtype)), tf.float32)
+        if attention_mask is not None:
+            mask = tf.cast(attention_mask, tf.bool)
+            while mask.shape.rank < 3:
+                mask = mask[tf.newaxis]
+            logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
+        scores = tf.nn.softmax(logits, axis=-1)  # [B, N, T, S]
+        context = tf.einsum("bnts,bsd->btnd", tf.cast(scores, dtype), tf.cast(inputs, dtype))  # [B, T, N, dim]
+        value_heads = tf.einsum("btnd,dnh->btnh", context, tf.cast(self._value_dense.kernel, dtype))
+        if self._value_dense.bias is not None:
+            value_heads += tf.cast(self._value_dense.bias, dtype)
+        return self._output_dense(value_heads), scores
+
     def _attend(self, query_heads, key_heads, value_heads, attention_mask, training):
         query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
         logits = tf.einsum("btnh,bsnh->bnts", query_heads, key_heads)
@@ -141,15 +179,17 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
 
 
 def _update_slice(cache, update, start):
-    """Writes `update [B, U, N, H]` into `cache [B, L, N, H]` at position `start[1]`.
+    """Writes `update [B, U, ...]` into `cache [B, L, ...]` at position `start[1]`.
 
-    Pad-and-select rather than a scatter: static shapes, the same on CPU, GPU and XLA.
+    Gather-and-select rather than a scatter or a pad: static shapes, the same on CPU, GPU
+    and XLA (a pad by the runtime `index` is not compilable inside an XLA while loop).
     """
     index, length, cache_len = start[1], tf.shape(update)[1], tf.shape(cache)[1]
-    padded = tf.pad(tf.cast(update, cache.dtype), [[0, 0], [index, cache_len - index - length], [0, 0], [0, 0]])
     positions = tf.range(cache_len)
+    spread = tf.gather(tf.cast(update, cache.dtype), tf.clip_by_value(positions - index, 0, length - 1), axis=1)
     inside = (positions >= index) & (positions < index + length)
-    return tf.where(inside[tf.newaxis, :, tf.newaxis, tf.newaxis], padded, cache)
+    inside = tf.reshape(inside, [1, -1] + [1] * (cache.shape.rank - 2))
+    return tf.where(inside, spread, cache)
 
 
 @keras.saving.register_keras_serializable(package="transformer")

@@ -3,6 +3,13 @@
 Both expect `y_true [batch, tgt_len]` int ids and `y_pred [batch, tgt_len, vocab]` float32
 logits. The loss is the mean over *non-pad target tokens* of the batch (not a mean of
 per-sentence means), with optional label smoothing.
+
+Under a tf.distribute strategy with several replicas, "the batch" is the *global* batch:
+each replica returns (its sum of token losses) / (non-pad tokens of all replicas), the
+count being all-reduced across replicas (`_global_sum`). Keras 3 then sums the replicas'
+gradients (`TFOptimizer._all_reduce_sum_gradients`), which gives exactly the one-device
+gradient of the global batch; a mean of per-replica means would weight a replica's tokens
+by 1 / its own token count and scale the gradient by the number of replicas.
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
     Args:
         label_smoothing: float in [0, 1). Mass spread uniformly over the vocabulary.
 
-    Returns (call): scalar float32, sum of token losses / number of non-pad tokens.
+    Returns (call): scalar float32, sum of token losses / number of non-pad tokens (of
+    all replicas in sync, see the module docstring).
     """
 
     def __init__(self, label_smoothing: float = 0.0, name: str = "masked_cross_entropy", **kwargs):
+        # `call` already reduces to the token mean; "sum" of that scalar leaves it unchanged.
+        # A saved config carries `reduction` too: drop it so `from_config` works.
+        kwargs.pop("reduction", None)
         super().__init__(name=name, reduction="sum", **kwargs)
         self.label_smoothing = label_smoothing
 
@@ -39,10 +50,18 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
             token_loss = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
         else:
             token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(y_true, logits)
-        return tf.reduce_sum(token_loss * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
+        return tf.reduce_sum(token_loss * mask) / tf.maximum(_global_sum(tf.reduce_sum(mask)), 1.0)
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def _global_sum(value: tf.Tensor) -> tf.Tensor:
+    """`value` summed over the replicas in sync; `value` itself with one replica or outside `strategy.run`."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
 @keras.saving.register_keras_serializable(package="transformer")

@@ -53,10 +53,23 @@ class Transformer(keras.Model):
         self.tgt_embedding = PositionalEmbedding(tgt_vocab_size, d_model, max_length, dtype=policy, name="tgt_embedding")
         self.src_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="src_dropout")
         self.tgt_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="tgt_dropout")
-        self.encoder_layers = [EncoderLayer(**layer_args, name=f"encoder_{i}") for i in range(num_layers)]
-        self.decoder_layers = [DecoderLayer(**layer_args, name=f"decoder_{i}") for i in range(num_layers)]
+        # One attribute per block, not a list: on the TensorFlow backend Keras 3 wraps list
+        # attributes in a TrackedList that tf.train.Checkpoint does not follow, so blocks held
+        # in a list would be silently missing from `tf.train.Checkpoint(model=...)`.
+        for i in range(num_layers):
+            setattr(self, f"encoder_{i}", EncoderLayer(**layer_args, name=f"encoder_{i}"))
+        for i in range(num_layers):
+            setattr(self, f"decoder_{i}", DecoderLayer(**layer_args, name=f"decoder_{i}"))
         # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16.
         self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
+
+    @property
+    def encoder_layers(self) -> list:
+        return [getattr(self, f"encoder_{i}") for i in range(self.config.num_layers)]
+
+    @property
+    def decoder_layers(self) -> list:
+        return [getattr(self, f"decoder_{i}") for i in range(self.config.num_layers)]
 
     @classmethod
     def from_model_config(cls, config: ModelConfig, **kwargs) -> "Transformer":
@@ -109,9 +122,18 @@ class Transformer(keras.Model):
         """Empty self-attention caches and filled cross-attention caches, one per layer.
 
         Returns a dict: `self` → list of `[B, 2, max_length, heads, key_dim]` zeros,
-        `cross` → list of `[B, 2, src_len, heads, key_dim]`.
+        `cross` → list of `[B, 2, src_len, heads, key_dim]`. When key_dim >= d_model
+        (head_width "tutorial") the caches hold layer inputs instead (`self` → `[B,
+        max_length, d_model]` zeros, `cross` → the memory `[B, src_len, d_model]`), with
+        keys/values implicit: the same result for the same FLOPs, and a decoding step reads
+        2·heads·key_dim / d_model (16) times less cache memory (see
+        `CachedMultiHeadAttention.attend_inputs`).
         """
         batch = tf.shape(memory)[0]
+        if self.config.key_dim >= self.config.d_model:
+            shape = [batch, max_length, self.config.d_model]
+            return {"self": [tf.zeros(shape, dtype=self.compute_dtype) for _ in self.decoder_layers],
+                    "cross": [memory for _ in self.decoder_layers]}
         shape = [batch, 2, max_length, self.config.num_heads, self.config.key_dim]
         return {
             "self": [tf.zeros(shape, dtype=self.compute_dtype) for _ in self.decoder_layers],
@@ -125,7 +147,7 @@ class Transformer(keras.Model):
         scores `[B, heads, U, src_len]`).
         """
         steps = tf.shape(token_ids)[1]
-        max_length = tf.shape(cache["self"][0])[2]
+        max_length = tf.shape(cache["self"][0])[-3 if cache["self"][0].shape.rank == 5 else 1]
         query_pos = index + tf.range(steps)
         self_mask = tf.range(max_length)[tf.newaxis, :] <= query_pos[:, tf.newaxis]  # [U, L]
         self_mask = self_mask[tf.newaxis]

@@ -8,11 +8,14 @@ Sequences are truncated to `max_length` tokens.
   1. tokenize once, in batches of 1024 sentences with parallel map, and cache the ids
      (memory, or a file for corpora that don't fit);
   2. shuffle with a bounded buffer (training only), reshuffled each epoch;
-  3. bucket by length with a token budget: every batch is padded to a multiple of
-     `bucket_width` tokens and holds about `max_tokens` padded tokens per side, so there are
-     only `max_length / bucket_width` distinct padded lengths (XLA compiles a few programs,
-     not one per batch); training batches drop the remainder so batch sizes are fixed too;
-  4. prefetch (AUTOTUNE).
+  3. split the target into `tgt_in` / `tgt_out`;
+  4. bucket by length with a token budget: src, tgt_in and tgt_out of a batch are all padded
+     to the same length, a multiple of `bucket_width` capped at `max_length` (see
+     `padded_lengths`), and a batch holds at most `max_tokens` padded tokens per side, so
+     there are only about `max_length / bucket_width` distinct shapes (XLA compiles a few
+     programs, not one per batch); training batches drop the remainder so batch sizes are
+     fixed too;
+  5. prefetch (AUTOTUNE).
 
 `naive_pipeline` reproduces the TF tutorial's design for A/B comparisons: shuffle →
 batch `batch_size` sentences → tokenize on every step → pad to the batch max → prefetch.
@@ -30,11 +33,16 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 
 def make_batches(pairs: tf.data.Dataset, tokenizers, config: PipelineConfig, max_length: int,
-                 training: bool, seed: Optional[int] = None) -> tf.data.Dataset:
-    """Dispatches on `config.kind`; see the module docstring."""
+                 training: bool, seed: Optional[int] = None, replicas: int = 1) -> tf.data.Dataset:
+    """Dispatches on `config.kind`; see the module docstring.
+
+    `replicas`: batch sizes in `config` are per replica; every batch holds `replicas` times
+    as many sentences (a global batch that tf.distribute splits into equal parts).
+    """
     if config.kind == "naive":
-        return naive_pipeline(pairs, tokenizers, config.batch_size, max_length, training, config.shuffle_buffer, seed)
-    return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed)
+        return naive_pipeline(pairs, tokenizers, config.batch_size * replicas, max_length, training,
+                              config.shuffle_buffer, seed)
+    return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, replicas=replicas)
 
 
 def _split_target(src, tgt):
@@ -74,31 +82,48 @@ def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: s
     return tokenized.cache("" if cache == "memory" else cache)
 
 
+def padded_lengths(max_length: int, bucket_width: int) -> list[int]:
+    """The padded sequence lengths of optimized batches: width, 2·width, … capped at max_length.
+
+    Every length is ≤ `max_length`, so a padded batch always fits the model's position table.
+    """
+    lengths = list(range(bucket_width, max_length, bucket_width))
+    return lengths + [max_length]
+
+
 def bucket_boundaries(max_length: int, bucket_width: int) -> list[int]:
-    """Upper bounds (exclusive) of the length buckets: width, 2·width, … ≥ max_length + 1."""
-    top = max_length + 1  # target carries one extra token before the in/out split
-    return list(range(bucket_width + 1, top + bucket_width + 1, bucket_width))
+    """Upper bounds (exclusive) of the length buckets: each padded length + 1.
+
+    A sequence of length n goes to the first bucket whose boundary exceeds n and is padded to
+    that boundary − 1. The last boundary is max_length + 1, above every (truncated) length.
+    """
+    return [length + 1 for length in padded_lengths(max_length, bucket_width)]
 
 
 def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: int, training: bool,
-                       seed: Optional[int] = None, tokenized: Optional[tf.data.Dataset] = None) -> tf.data.Dataset:
-    """Tokenize-once, cached, length-bucketed batches with a token budget."""
+                       seed: Optional[int] = None, tokenized: Optional[tf.data.Dataset] = None,
+                       replicas: int = 1) -> tf.data.Dataset:
+    """Tokenize-once, cached, length-bucketed batches with a token budget.
+
+    `tokenized`: optional output of `tokenize_pairs` (to share one cache between runs).
+    """
     if tokenized is None:
         tokenized = tokenize_pairs(pairs, tokenizers, max_length, config.cache)
     if training:
         tokenized = tokenized.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    boundaries = bucket_boundaries(max_length, config.bucket_width)
-    padded_lengths = [b - 1 for b in boundaries]
+    split = tokenized.map(lambda src, tgt: ((src, tgt[:-1]), tgt[1:]),  # each ≤ max_length tokens
+                          num_parallel_calls=AUTOTUNE)
+    lengths = padded_lengths(max_length, config.bucket_width)
     if config.max_tokens is None:
-        batch_sizes = [config.batch_size] * (len(boundaries) + 1)
+        batch_sizes = [config.batch_size] * len(lengths)
     else:
-        batch_sizes = [max(1, config.max_tokens // length) for length in padded_lengths]
-        batch_sizes.append(batch_sizes[-1])
-    batched = tokenized.bucket_by_sequence_length(
-        element_length_func=lambda src, tgt: tf.maximum(tf.shape(src)[0], tf.shape(tgt)[0]),
-        bucket_boundaries=boundaries,
-        bucket_batch_sizes=batch_sizes,
+        batch_sizes = [max(1, config.max_tokens // length) for length in lengths]
+    batch_sizes = [replicas * size for size in batch_sizes]  # per replica → global
+    batched = split.bucket_by_sequence_length(
+        element_length_func=lambda inputs, tgt_out: tf.maximum(tf.shape(inputs[0])[0], tf.shape(inputs[1])[0]),
+        bucket_boundaries=bucket_boundaries(max_length, config.bucket_width),
+        bucket_batch_sizes=batch_sizes + [batch_sizes[-1]],  # + the (never used) overflow bucket
         pad_to_bucket_boundary=True,
         drop_remainder=training,
     )
-    return batched.map(_split_target, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    return batched.prefetch(AUTOTUNE)

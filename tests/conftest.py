@@ -1,0 +1,81 @@
+"""Shared fixtures: the shared Bible corpus, small real tokenizers built once per session,
+and tiny model configs.
+
+The corpus is read in place from `../shared/data/bible-pt-en` (never copied into the repo);
+tests that need it are skipped, with the path in the reason, when it is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+
+import pytest  # noqa: E402
+
+from transformer.config import DataConfig, ModelConfig, TokenizerConfig  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BIBLE_DIR = REPO_ROOT.parent / "shared" / "data" / "bible-pt-en"
+
+# The session tokenizers learn from the first TOKENIZER_PAIRS training pairs. Training tests
+# use the same slice and tokenizer root, so `train()` reuses these tokenizers (same key)
+# instead of spending ~30 s learning new ones.
+TOKENIZER_PAIRS = 1500
+TOKENIZER_VOCAB = 1000
+VAL_PAIRS = 50
+
+
+@pytest.fixture(scope="session")
+def bible_dir() -> Path:
+    """The shared corpus directory; skips the test when it is absent."""
+    if not (BIBLE_DIR / "train.pt").is_file() or not (BIBLE_DIR / "train.en").is_file():
+        pytest.skip(f"shared Bible corpus not found at {BIBLE_DIR} (needs train.pt / train.en)")
+    return BIBLE_DIR
+
+
+@pytest.fixture(scope="session")
+def bible_data_config(bible_dir) -> DataConfig:
+    """The slice of the Bible corpus the session tokenizers were learned from."""
+    return DataConfig(data_dir=str(bible_dir), max_train_examples=TOKENIZER_PAIRS, max_val_examples=VAL_PAIRS)
+
+
+@dataclass
+class BuiltTokenizers:
+    tokenizers: object  # the restored PairTokenizers SavedModel (.src / .tgt)
+    directory: Path
+    config: TokenizerConfig
+    corpus: object  # transformer.data.ParallelCorpus they were learned from
+    data_config: DataConfig
+
+
+@pytest.fixture(scope="session")
+def bible_tokenizers(bible_data_config, tmp_path_factory) -> BuiltTokenizers:
+    """WordPiece tokenizers (vocab ~1000) learned once from the first 1500 Bible pairs."""
+    from transformer.data import load_corpus
+    from transformer.tokenizer import build_or_load_tokenizers
+
+    root = tmp_path_factory.mktemp("tokenizers")
+    config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=str(root))
+    corpus = load_corpus(bible_data_config)
+    tokenizers, directory = build_or_load_tokenizers(corpus, config)
+    return BuiltTokenizers(tokenizers, directory, config, corpus, bible_data_config)
+
+
+TINY_MODEL = ModelConfig(num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, head_width="tutorial",
+                         max_length=16, src_vocab_size=40, tgt_vocab_size=48)
+
+
+@pytest.fixture
+def tiny_model_config():
+    """Factory: `tiny_model_config(**overrides)` → a tiny ModelConfig (2 layers, d_model 16)."""
+
+    def make(**overrides) -> ModelConfig:
+        config = dataclasses.replace(TINY_MODEL, **overrides)
+        config.validate()
+        return config
+
+    return make
