@@ -2,6 +2,9 @@
 
     python scripts/train.py --data ../shared/data/bible-pt-en --epochs 1 --output runs/bible
     python scripts/train.py --device gpu --mixed-precision float16 --xla   # TFDS TED default
+    python scripts/train.py --strategy mirrored --max-tokens 4096 --backup-every-steps 500  # all local GPUs
+    # on every machine, with its own TF_CONFIG task index (see README.md):
+    TF_CONFIG="$(cat tf_config.json)" python scripts/train.py --strategy multi-worker --output /shared/runs/big
 
 See README.md for every flag; the effective config is printed and saved as config.json.
 """

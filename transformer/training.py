@@ -5,9 +5,29 @@ directory holds:
     config.json          the effective RunConfig (model vocab sizes filled in)
     tokenizers/          a copy of the tokenizer SavedModel used (the run is self-contained)
     checkpoints/         tf.train.CheckpointManager checkpoints (model + optimizer + epoch)
+    backup/              mid-epoch snapshots (--backup-every-steps), deleted when fit completes
     tensorboard/         Keras TensorBoard logs
     report.json, report_steps.csv   the step-time report (written even when training dies)
     summary.json         final losses, validation masked accuracy, wall time
+
+Distribution (`--strategy`, see transformer/distribute.py): the model, optimizer, metrics and
+checkpoint are created under `strategy.scope()`; batch flags are per replica and the
+pipeline builds global batches of `replicas` times that size. In multi-worker training only
+the chief writes the run directory; other workers write the same files to a temporary
+directory that is deleted when `train` returns, and read checkpoints/backups from the
+chief's run directory (which must be on a filesystem they share).
+
+Fault tolerance. A checkpoint is saved at every epoch end; with `--backup-every-steps N` a
+`StepBackupAndRestore` snapshot (model + optimizer + position in the epoch) is also taken
+every N steps. Re-running the same command after a crash continues from the newer of the
+two (a backup present in the run directory implies `--resume`).
+
+Out of memory. A `tf.errors.ResourceExhaustedError` during `fit` is recorded in the report;
+with `--auto-batch` training restores the last backup/checkpoint (or the initial weights)
+and retries with half the batch — `max_tokens` for the optimized pipeline, `batch_size`
+otherwise — down to `--auto-batch-floor` (default `AUTO_BATCH_FLOOR_TOKENS` /
+`AUTO_BATCH_FLOOR_SENTENCES`); every retry is logged and appended to the report's
+`run.auto_batch_retries`.
 """
 
 from __future__ import annotations
@@ -24,22 +44,27 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from transformer.config import ModelConfig, RunConfig
+from transformer import distribute
+from transformer.backup import StepBackupAndRestore, snapshots
+from transformer.config import ModelConfig, PipelineConfig, RunConfig
 from transformer.data import load_corpus
 from transformer.devices import select_device, set_precision
 from transformer.flops import TransformerDims
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
-from transformer.pipeline import make_batches
-from transformer.reports import StepTimeReport
+from transformer.pipeline import make_batches, tokenize_pairs
+from transformer.reports import StepTimeReport, error_info
 from transformer.schedule import WarmupInverseSqrt
-from transformer.timing import BatchTimer
+from transformer.timing import BatchCounts, BatchTimer, batch_counts
 from transformer.tokenizer import build_or_load_tokenizers, load_tokenizers
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+BACKUP_DIR = "backup"
+AUTO_BATCH_FLOOR_TOKENS = 256  # --auto-batch never goes below this max_tokens (optimized pipeline)
+AUTO_BATCH_FLOOR_SENTENCES = 4  # ... nor below this batch_size (naive, or optimized without max_tokens)
 
 
 def build_model(model_config: ModelConfig) -> Transformer:
@@ -54,6 +79,7 @@ def compile_model(model: Transformer, config: RunConfig) -> keras.optimizers.Opt
 
     Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
     variables are created here so a checkpoint can restore them before the first step.
+    Call it under the strategy's scope, as `build_model`.
     """
     schedule = WarmupInverseSqrt(model.config.d_model, config.train.warmup_steps)
     optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
@@ -71,16 +97,20 @@ class RunCheckpoints:
     """Model + optimizer + finished-epoch counter, saved atomically by tf.train.CheckpointManager.
 
     A save writes new files and then updates the `checkpoint` index, so a crash mid-save
-    leaves the previous checkpoint as the latest readable one.
+    leaves the previous checkpoint as the latest readable one. Checkpoints are written to
+    `directory` and restored from `read_directory` (default: the same; a non-chief worker
+    writes to its temporary directory and restores from the chief's).
     """
 
-    def __init__(self, directory: Path, model: keras.Model, optimizer, max_to_keep: int = 3):
+    def __init__(self, directory: Path, model: keras.Model, optimizer, max_to_keep: int = 3,
+                 read_directory: Optional[Path] = None):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=max_to_keep)
+        self.read_directory = Path(read_directory if read_directory is not None else directory)
 
     def restore_latest(self) -> Optional[str]:
-        path = self.manager.latest_checkpoint
+        path = tf.train.latest_checkpoint(str(self.read_directory))
         if path:
             self.checkpoint.restore(path).assert_existing_objects_matched()
         return path
@@ -102,6 +132,33 @@ class EpochCheckpoint(keras.callbacks.Callback):
         log.info("epoch %d: checkpoint %s", epoch + 1, path)
 
 
+class ReplicaBatchTimer(BatchTimer):
+    """`BatchTimer` that counts a distributed batch as the sum of this worker's replica parts.
+
+    Under a strategy `model.train_function` receives a `DistributedIterator`; BatchTimer's
+    wrapper still times `next()` on it, but the batch it yields holds per-replica values,
+    which `batch_counts` cannot read. The parts of one global batch share their padded
+    lengths, so their counts add up. In multi-worker training the counts (and FLOPs) are
+    this worker's share.
+    """
+
+    def __init__(self, report: StepTimeReport, *, strategy: tf.distribute.Strategy, **kwargs):
+        super().__init__(report, **kwargs)
+        self.strategy = strategy
+
+    def _count(self, batch) -> Optional[BatchCounts]:
+        parts = [batch_counts(part, self.pad_id) for part in self.strategy.experimental_local_results(batch)]
+        if not parts or None in parts:
+            return None
+        return BatchCounts(
+            examples=sum(p.examples for p in parts),
+            src_len=max(p.src_len for p in parts),
+            tgt_len=max(p.tgt_len for p in parts),
+            src_tokens=sum(p.src_tokens for p in parts),
+            tgt_tokens=sum(p.tgt_tokens for p in parts),
+        )
+
+
 @dataclass
 class TrainResult:
     output_dir: Path
@@ -111,10 +168,11 @@ class TrainResult:
     model: Transformer
 
 
-def resolve_model_config(config: RunConfig, tokenizers, output_dir: Path) -> ModelConfig:
-    """The architecture: from the run's saved config on resume, else from `config` + vocab sizes."""
+def resolve_model_config(config: RunConfig, tokenizers, output_dir: Path, resuming: Optional[bool] = None) -> ModelConfig:
+    """The architecture: from the run's saved config when resuming, else from `config` + vocab sizes."""
+    resuming = config.train.resume if resuming is None else resuming
     saved = output_dir / CONFIG_FILE
-    if config.train.resume and saved.exists():
+    if resuming and saved.exists():
         model_config = RunConfig.load(saved).model
         if model_config != dataclasses.replace(
             config.model, src_vocab_size=model_config.src_vocab_size, tgt_vocab_size=model_config.tgt_vocab_size
@@ -128,11 +186,13 @@ def resolve_model_config(config: RunConfig, tokenizers, output_dir: Path) -> Mod
     )
 
 
-def run_description(config: RunConfig, device: str = "") -> dict:
+def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> dict:
     """The `run` section of the step-time report: what this run is, for comparisons."""
     pipeline = config.pipeline
     batching = (f"{pipeline.batch_size} sentences" if pipeline.kind == "naive" or pipeline.max_tokens is None
                 else f"{pipeline.max_tokens} tokens/bucket")
+    if replicas > 1:
+        batching += f" per replica × {replicas} replicas"
     return {
         "label": config.train.label or Path(config.train.output_dir).name,
         "device": device or config.train.device,
@@ -145,6 +205,21 @@ def run_description(config: RunConfig, device: str = "") -> dict:
     }
 
 
+def halved_pipeline(pipeline: PipelineConfig, floor: Optional[int] = None) -> Optional[PipelineConfig]:
+    """`pipeline` with half the batch (max_tokens, else batch_size), not below `floor`; None at the floor."""
+    if pipeline.kind == "optimized" and pipeline.max_tokens is not None:
+        floor = floor or AUTO_BATCH_FLOOR_TOKENS
+        smaller = max(floor, pipeline.max_tokens // 2)
+        return dataclasses.replace(pipeline, max_tokens=smaller) if smaller < pipeline.max_tokens else None
+    floor = floor or AUTO_BATCH_FLOOR_SENTENCES
+    smaller = max(floor, pipeline.batch_size // 2)
+    return dataclasses.replace(pipeline, batch_size=smaller) if smaller < pipeline.batch_size else None
+
+
+def _has_backup(run_dir: Path) -> bool:
+    return bool(snapshots(run_dir / BACKUP_DIR))
+
+
 def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     """Runs one training job end to end; see the module docstring for what it writes.
 
@@ -152,22 +227,38 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     out of memory, Ctrl-C): `StepTimeReport.guard` records the state and re-raises.
     """
     config.validate()
-    output_dir = Path(config.train.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint_dir = output_dir / CHECKPOINT_DIR
-    if not config.train.resume and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+    run_dir = Path(config.train.output_dir)
+    strategy_name = distribute.resolve_strategy_name(config.train.strategy)
+    role = distribute.task_role(strategy_name)
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    backup = _has_backup(run_dir)
+    if not (config.train.resume or backup) and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
         raise FileExistsError(
-            f"{output_dir} already holds checkpoints; pass --resume to continue that run or choose another --output"
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run or choose another --output"
         )
-    steps_planned = config.train.epochs * config.train.steps_per_epoch if config.train.steps_per_epoch else None
-    report = StepTimeReport(output_dir / "report.json", run=run_description(config), steps_planned=steps_planned)
-    with report.guard():
-        return _train(config, output_dir, report, extra_callbacks)
+    if backup and not config.train.resume:
+        log.info("%s holds a backup of an interrupted run: continuing it", run_dir / BACKUP_DIR)
+    if config.train.auto_batch and strategy_name == "multi-worker":
+        log.warning("--auto-batch retries on one worker only; under multi-worker an out-of-memory "
+                    "error on one worker stops the job (restart it with a smaller batch)")
+    write_dir = role.write_dir(run_dir)
+    try:
+        write_dir.mkdir(parents=True, exist_ok=True)
+        steps_planned = config.train.epochs * config.train.steps_per_epoch if config.train.steps_per_epoch else None
+        report = StepTimeReport(write_dir / "report.json", run=run_description(config), steps_planned=steps_planned)
+        with report.guard():
+            return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
+                          report, extra_callbacks)
+    finally:
+        role.cleanup(write_dir, run_dir)
 
 
-def _train(config: RunConfig, output_dir: Path, report: StepTimeReport, extra_callbacks: tuple) -> TrainResult:
+def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str, role: distribute.TaskRole,
+           resuming: bool, report: StepTimeReport, extra_callbacks: tuple) -> TrainResult:
     started = time.perf_counter()
     device = select_device(config.train.device)
+    strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
+    replicas = int(strategy.num_replicas_in_sync)
     policy = set_precision(config.train.mixed_precision, device)
     keras.utils.set_random_seed(config.train.seed)
 
@@ -175,59 +266,171 @@ def _train(config: RunConfig, output_dir: Path, report: StepTimeReport, extra_ca
     log.info("corpus %s: %s train pairs, %s validation pairs, %d empty pairs dropped",
              corpus.name, corpus.num_train, corpus.num_validation, corpus.dropped_empty)
     tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
-    run_tokenizers = output_dir / "tokenizers"
+    run_tokenizers = write_dir / "tokenizers"
     if not run_tokenizers.exists():
         shutil.copytree(tokenizer_dir, run_tokenizers)
 
-    model_config = resolve_model_config(config, tokenizers, output_dir)
+    model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
-    config.save(output_dir / CONFIG_FILE)
-    report.run.update(run_description(config, device))
+    config.save(write_dir / CONFIG_FILE)
+    report.run.update(run_description(config, device, replicas))
+    report.run["distribution"] = distribute.describe(strategy, strategy_name, role)
+    log.info("strategy %s: %d replica(s), global batch = per-replica batch × %d (%s)",
+             strategy_name, replicas, replicas, report.run["batching"])
 
-    max_length = model_config.max_length
-    train_batches = make_batches(corpus.train, tokenizers, config.pipeline, max_length, training=True,
-                                 seed=config.train.seed)
+    with strategy.scope():
+        model = build_model(model_config)
+        optimizer = compile_model(model, config)
+        checkpoints = RunCheckpoints(write_dir / CHECKPOINT_DIR, model, optimizer,
+                                     read_directory=run_dir / CHECKPOINT_DIR)
+    distribute.patch_keras_for_multi_worker(model, strategy)
+    initial_epoch = _restore_checkpoint(checkpoints, optimizer, resuming)
+    initial_state = _variable_values(model, optimizer, checkpoints) if config.train.auto_batch else None
+    log.info("model: %s parameters, policy %s, XLA %s, device %s",
+             f"{model.count_params():,}", policy, config.train.xla, device)
+
+    timer_args = dict(dims=TransformerDims.from_config(model_config), probe_peak=config.train.probe_peak,
+                      measure_input_wait=strategy_name != "tpu")
+    timer = (BatchTimer(report, **timer_args) if strategy_name == distribute.DEFAULT
+             else ReplicaBatchTimer(report, strategy=strategy, **timer_args))
+    backup = None
+    if config.train.backup_every_steps or _has_backup(run_dir):
+        backup = StepBackupAndRestore(run_dir / BACKUP_DIR, save_freq=config.train.backup_every_steps or "epoch",
+                                      steps_per_epoch=config.train.steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
+    callbacks = [
+        *([backup] if backup else []),
+        timer,
+        EpochCheckpoint(checkpoints),
+        keras.callbacks.TensorBoard(log_dir=str(write_dir / "tensorboard"), update_freq=50),
+        *extra_callbacks,
+    ]
+
+    try:
+        history, config = _fit(model, checkpoints, callbacks, corpus, tokenizers, config, initial_epoch,
+                               initial_state, strategy_name, replicas, report, write_dir, device)
+    finally:  # also when the resumed run dies: the report says where it started
+        if backup is not None and backup.restored is not None:
+            report.run["resumed_from_backup"] = backup.restored
+            initial_epoch = backup.restored["epoch"]
+
+    summary = _summary(history, optimizer, config, time.perf_counter() - started, initial_epoch)
+    summary["step_time"] = report.summary()
+    summary["replicas"] = replicas
+    (write_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
+    return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
+
+
+def _fit(model, checkpoints: RunCheckpoints, callbacks: list, corpus, tokenizers, config: RunConfig,
+         initial_epoch: int, initial_state: Optional[list], strategy_name: str, replicas: int,
+         report: StepTimeReport, write_dir: Path, device: str) -> tuple[dict, RunConfig]:
+    """`model.fit`, retried at half the batch after an out-of-memory error with --auto-batch.
+
+    Returns (history, the config of the attempt that completed).
+    """
+    optimizer = model.optimizer
+    while True:
+        train_batches, val_batches = make_datasets(corpus, tokenizers, config, strategy_name, replicas)
+        try:
+            history = model.fit(
+                train_batches,
+                epochs=config.train.epochs,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=config.train.steps_per_epoch,
+                validation_data=val_batches,
+                validation_steps=config.train.validation_steps,
+                callbacks=callbacks,
+                verbose=config.train.verbose,
+            ).history
+            return history, config
+        except tf.errors.ResourceExhaustedError as err:
+            smaller = halved_pipeline(config.pipeline, config.train.auto_batch_floor) if config.train.auto_batch else None
+            if smaller is None:
+                raise
+            failed_step = int(optimizer.iterations.numpy())
+            initial_epoch = _restore_for_retry(checkpoints, optimizer, model, initial_state)
+            _record_retry(report, err, config.pipeline, smaller, failed_step, int(optimizer.iterations.numpy()))
+            config = dataclasses.replace(config, pipeline=smaller)
+            config.save(write_dir / CONFIG_FILE)
+            report.run.update(batching=run_description(config, device, replicas)["batching"], config=config.to_dict())
+            report.write()
+
+
+def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int):
+    """(training, validation or None) datasets of global batches, auto-shard policy set."""
+    max_length = config.model.max_length
+    if strategy_name == "tpu":
+        pipeline = config.pipeline
+        per_replica = (pipeline.max_tokens // max_length if pipeline.kind == "optimized" and pipeline.max_tokens
+                       else pipeline.batch_size)
+        batch = max(1, per_replica) * replicas
+
+        def batches(pairs, training):
+            tokenized = tokenize_pairs(pairs, tokenizers, max_length, pipeline.cache if training else "memory")
+            return distribute.tpu_batches(tokenized, batch, max_length, training, pipeline.shuffle_buffer,
+                                          config.train.seed)
+    else:
+        def batches(pairs, training):
+            return make_batches(pairs, tokenizers, config.pipeline, max_length, training=training,
+                                seed=config.train.seed if training else None, replicas=replicas)
+
+    train_batches = distribute.shard_input(batches(corpus.train, True))
     if config.train.steps_per_epoch:
         train_batches = train_batches.repeat()
     val_batches = None
     if corpus.validation is not None:
-        val_batches = make_batches(corpus.validation, tokenizers, config.pipeline, max_length, training=False)
+        val_batches = distribute.shard_input(batches(corpus.validation, False))
+    return train_batches, val_batches
 
-    model = build_model(model_config)
-    optimizer = compile_model(model, config)
-    checkpoints = RunCheckpoints(output_dir / CHECKPOINT_DIR, model, optimizer)
-    initial_epoch = 0
-    if config.train.resume:
-        restored = checkpoints.restore_latest()
-        if restored is None:
-            log.warning("--resume: no checkpoint in %s; starting from scratch", output_dir / CHECKPOINT_DIR)
-        else:
-            initial_epoch = int(checkpoints.epoch.numpy())
-            log.info("resumed %s at epoch %d, step %d", restored, initial_epoch, int(optimizer.iterations.numpy()))
-    log.info("model: %s parameters, policy %s, XLA %s, device %s",
-             f"{model.count_params():,}", policy, config.train.xla, device)
 
-    callbacks = [
-        BatchTimer(report, dims=TransformerDims.from_config(model_config), probe_peak=config.train.probe_peak),
-        EpochCheckpoint(checkpoints),
-        keras.callbacks.TensorBoard(log_dir=str(output_dir / "tensorboard"), update_freq=50),
-        *extra_callbacks,
-    ]
-    history = model.fit(
-        train_batches,
-        epochs=config.train.epochs,
-        initial_epoch=initial_epoch,
-        steps_per_epoch=config.train.steps_per_epoch,
-        validation_data=val_batches,
-        validation_steps=config.train.validation_steps,
-        callbacks=callbacks,
-        verbose=config.train.verbose,
-    ).history
+def _restore_checkpoint(checkpoints: RunCheckpoints, optimizer, resuming: bool) -> int:
+    """Restores the latest epoch checkpoint when resuming; returns the epoch to start at."""
+    if not resuming:
+        return 0
+    restored = checkpoints.restore_latest()
+    if restored is None:
+        log.info("resume: no epoch checkpoint in %s", checkpoints.read_directory)
+        return 0
+    epoch = int(checkpoints.epoch.numpy())
+    log.info("resumed %s at epoch %d, step %d", restored, epoch, int(optimizer.iterations.numpy()))
+    return epoch
 
-    summary = _summary(history, optimizer, config, time.perf_counter() - started, initial_epoch)
-    summary["step_time"] = report.summary()
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return TrainResult(output_dir, run_tokenizers, history, summary, model)
+
+def _variable_values(model, optimizer, checkpoints: RunCheckpoints) -> list:
+    """Values of every model/optimizer/epoch variable (the state --auto-batch falls back to)."""
+    return [v.numpy() for v in _state_variables(model, optimizer, checkpoints)]
+
+
+def _state_variables(model, optimizer, checkpoints: RunCheckpoints) -> list:
+    return [*model.variables, *optimizer.variables, checkpoints.epoch]
+
+
+def _restore_for_retry(checkpoints: RunCheckpoints, optimizer, model, initial_state: list) -> int:
+    """After an OOM: back to the latest checkpoint, else the initial state; returns its epoch.
+
+    A backup newer than that state is then restored by `StepBackupAndRestore` when `fit`
+    starts again (it only loads snapshots at least as new as the current step).
+    """
+    if checkpoints.restore_latest() is None:
+        for variable, value in zip(_state_variables(model, optimizer, checkpoints), initial_state):
+            variable.assign(value)
+    return int(checkpoints.epoch.numpy())
+
+
+def _record_retry(report: StepTimeReport, err: BaseException, before: PipelineConfig, after: PipelineConfig,
+                  failed_step: int, restart_step: int) -> None:
+    field = "max_tokens" if before.kind == "optimized" and before.max_tokens is not None else "batch_size"
+    retry = {
+        "error": {k: v for k, v in error_info(err).items() if k != "traceback"},
+        "failed_at_step": failed_step,
+        "restarted_from_step": restart_step,
+        "field": field,
+        "before": getattr(before, field),
+        "after": getattr(after, field),
+    }
+    report.run.setdefault("auto_batch_retries", []).append(retry)
+    log.warning("out of memory at step %d (%s): --auto-batch restarts from step %d with %s %d → %d",
+                failed_step, retry["error"]["type"], restart_step, field, retry["before"], retry["after"])
 
 
 def _summary(history: dict, optimizer, config: RunConfig, wall_s: float, initial_epoch: int) -> dict:
