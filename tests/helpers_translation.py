@@ -1,0 +1,81 @@
+"""Shared pieces of the decoding / translator / export tests: tiny random models and small
+real WordPiece tokenizers learned once per test process from the first Bible pairs.
+
+The corpus is read in place from `../shared/data/bible-pt-en`; tests needing it call
+`small_tokenizers()`, which skips when it is absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+from transformer.config import DataConfig, ModelConfig, TokenizerConfig  # noqa: E402
+
+BIBLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "bible-pt-en"
+TOKENIZER_PAIRS = 1000
+TOKENIZER_VOCAB = 600
+
+
+def tiny_model(src_vocab_size: int = 40, tgt_vocab_size: int = 48, max_length: int = 24, seed: int = 0,
+               num_layers: int = 2, d_model: int = 16, head_width: str = "tutorial"):
+    """A built, randomly initialised Transformer (2 layers, d_model 16, 2 heads, no dropout).
+
+    head_width "tutorial" decodes with the input cache, "paper" with the key/value cache."""
+    from transformer.training import build_model
+
+    keras.utils.set_random_seed(seed)
+    config = ModelConfig(num_layers=num_layers, d_model=d_model, num_heads=2, dff=32, dropout_rate=0.0,
+                         head_width=head_width, max_length=max_length, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
+    return build_model(config)
+
+
+@functools.lru_cache(maxsize=None)
+def _build_small_tokenizers():
+    from transformer.data import load_corpus
+    from transformer.tokenizer import build_or_load_tokenizers
+
+    root = tempfile.mkdtemp(prefix="translation-tests-tokenizers-")
+    corpus = load_corpus(DataConfig(data_dir=str(BIBLE_DIR), max_train_examples=TOKENIZER_PAIRS,
+                                    max_val_examples=10))
+    tokenizers, directory = build_or_load_tokenizers(corpus, TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=root))
+    return tokenizers, directory
+
+
+def small_tokenizers():
+    """(tokenizers, directory): real WordPiece tokenizers from the first 1000 Bible pairs (cached)."""
+    if not (BIBLE_DIR / "train.pt").is_file():
+        pytest.skip(f"shared Bible corpus not found at {BIBLE_DIR}")
+    return _build_small_tokenizers()
+
+
+def tiny_translator(config=None, seed: int = 0, max_length: int = 24):
+    """A Translator over `small_tokenizers()` and a tiny random model."""
+    from transformer.translator import DecodeConfig, Translator
+
+    tokenizers, _ = small_tokenizers()
+    model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),
+                       max_length=max_length, seed=seed)
+    return Translator(tokenizers, model, config or DecodeConfig())
+
+
+# Inputs that must never crash the translator: one output row each.
+BAD_INPUTS = [
+    "Deus criou os céus e a terra.",
+    "",
+    "   ",
+    "\t \n ",
+    "palavra " * 1250,  # 10,000 characters
+    "Привет, как дела?",
+    "你好，世界",
+    "😀🎉👍",
+    b"invalid \xff\xfe utf-8 \xc3",
+    "a",
+]
