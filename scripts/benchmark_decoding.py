@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, help="use only the first N sentences for the cached side")
     parser.add_argument("--baseline-sentences", type=int, default=50,
                         help="sentences translated by the slow batch-1 uncached loop (default 50)")
-    parser.add_argument("--chunk-size", type=int, default=64, help="sentences per cached batch (default 64)")
+    parser.add_argument("--chunk-size", type=int, default=128, help="sentences per cached batch (default 128)")
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
                         help="XLA-compile the cached decode loop (default on)")
     parser.add_argument("--repeats", type=int, default=1, help="warm passes of the cached side (default 1)")

@@ -20,7 +20,7 @@ error; from Python (`__call__`, `translate`) it is a TypeError/ValueError saying
 expected.
 
 With `jit_compile=True` the decode loop (encoder, cache and the whole while loop) is
-compiled by XLA. Batches are padded to a few shapes first (batch 1, 4, 16 or chunk_size;
+compiled by XLA. Batches are padded to a few shapes first (batch 1, 4, 16, 64 … up to chunk_size;
 source length a multiple of `length_bucket`) so XLA compiles a bounded number of programs;
 each new shape costs one compilation (seconds) on first use.
 """
@@ -57,7 +57,7 @@ class DecodeConfig:
     alpha: float = 0.6
     max_output_ratio: float = 1.5
     max_output_extra: int = 10
-    chunk_size: int = 64
+    chunk_size: int = 128
     jit_compile: bool = False
     length_bucket: int = 16
 
@@ -264,9 +264,8 @@ class Translator(tf.Module):
         if not self.config.jit_compile:
             return self._decode_ids(src_ids)
         b, length = tf.shape(src_ids)[0], tf.shape(src_ids)[1]
-        chunk = self.config.chunk_size
-        padded_b = tf.minimum(chunk, tf.where(b <= 1, 1, tf.where(b <= 4, 4, tf.where(b <= 16, 16, chunk))))
-        padded_b = tf.maximum(padded_b, b)
+        sizes = sorted({min(4 ** i, self.config.chunk_size) for i in range(12)})  # 1, 4, 16, 64, …, chunk
+        padded_b = tf.gather(sizes, tf.reduce_sum(tf.cast(tf.constant(sizes) < b, tf.int32)))
         padded_len = tf.minimum(_round_up(length, self.config.length_bucket), self.max_length)
         padded_len = tf.maximum(padded_len, length)
         src_ids = tf.pad(src_ids, [[0, padded_b - b], [0, padded_len - length]])
