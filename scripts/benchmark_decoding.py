@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
 from transformer import cli  # noqa: E402
-from transformer.translator import DecodeConfig  # noqa: E402
+from transformer.translator import DecodeConfig, add_checkpoint_arg  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bible-pt-en"
 
@@ -30,6 +30,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bible-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="training run directory")
+    add_checkpoint_arg(parser)
     parser.add_argument("--data", default=str(DEFAULT_DATA), help=f"directory with {{split}}.pt/.en (default {DEFAULT_DATA})")
     parser.add_argument("--split", default="validation")
     parser.add_argument("--limit", type=int, help="use only the first N sentences for the cached side")
@@ -49,7 +50,8 @@ def main(argv=None) -> int:
     from transformer.translator import translator_from_run
 
     sources, references = load_eval_split(data_dir=args.data, split=args.split, limit=args.limit)
-    translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size, jit_compile=args.xla))
+    translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size, jit_compile=args.xla),
+                                     args.checkpoint)
     started = time.perf_counter()
     report = benchmark_decoding(translator, sources, references, baseline_sentences=args.baseline_sentences,
                                 repeats=args.repeats)

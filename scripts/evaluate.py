@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
 from transformer import cli  # noqa: E402
-from transformer.translator import add_decode_args, decode_config_from_args  # noqa: E402
+from transformer.translator import add_checkpoint_arg, add_decode_args, decode_config_from_args  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="run directory or exported SavedModel")
+    add_checkpoint_arg(parser)
     data = parser.add_argument_group("evaluation data (one of)")
     data.add_argument("--src", help="source file, one sentence per line (with --ref)")
     data.add_argument("--ref", help="reference translations, line-aligned with --src")
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
         src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,
         tfds_data_dir=args.tfds_data_dir, limit=args.limit)
     config = decode_config_from_args(args)
-    translator = open_translator(args.model, config)
+    translator = open_translator(args.model, config, args.checkpoint)
     description = {
         "model": str(Path(args.model).resolve()),
         "data": args.src or args.data_dir or args.dataset,

@@ -18,12 +18,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
 from transformer import cli  # noqa: E402
-from transformer.translator import add_decode_args, decode_config_from_args  # noqa: E402
+from transformer.translator import add_checkpoint_arg, add_decode_args, decode_config_from_args  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="training run directory (config.json, tokenizers/, checkpoints/)")
+    add_checkpoint_arg(parser)
     parser.add_argument("--output", required=True, help="SavedModel directory to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     add_decode_args(parser)
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     from transformer.export import export_translator
     from transformer.translator import translator_from_run
 
-    translator = translator_from_run(args.run, config)
+    translator = translator_from_run(args.run, config, args.checkpoint)
     path = export_translator(translator, args.output, overwrite=args.overwrite,
                              extra={"run_dir": str(Path(args.run).resolve())})
     print(json.dumps({"export": str(path), "decode": config.to_dict()}, indent=2))

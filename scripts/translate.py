@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
 from transformer import cli  # noqa: E402
-from transformer.translator import add_decode_args, decode_config_from_args  # noqa: E402
+from transformer.translator import add_checkpoint_arg, add_decode_args, decode_config_from_args  # noqa: E402
 
 
 def read_sentences(args) -> list[str]:
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --file or stdin)")
     parser.add_argument("--model", required=True, help="run directory or exported SavedModel")
+    add_checkpoint_arg(parser)
     parser.add_argument("--file", help="read sentences from this file, one per line")
     parser.add_argument("--plot-attention", metavar="PNG",
                         help="draw the cross-attention heatmap of the first sentence to this file")
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     from transformer.translator import open_translator
 
     sentences = read_sentences(args)
-    translator = open_translator(args.model, decode_config_from_args(args))
+    translator = open_translator(args.model, decode_config_from_args(args), args.checkpoint)
     for line in translator.translate(sentences):
         print(line)
     if args.plot_attention and sentences:

@@ -12,6 +12,7 @@ import logging
 import os
 
 from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig
+from transformer.presets import PRESETS
 
 
 def quiet_tensorflow() -> None:
@@ -64,7 +65,22 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--epochs", type=int)
+    group.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                       help="named recipe the other flags override (transformer/presets.py; default: default)")
+    group.add_argument("--epochs", type=int, help="epochs (default 1; with --time-budget: until the budget is spent)")
+    group.add_argument("--time-budget", dest="time_budget_minutes", type=float, metavar="MINUTES",
+                       help="train until this much training time is spent, then checkpoint and stop")
+    group.add_argument("--lr-schedule", choices=["inverse-sqrt", "cosine"],
+                       help="inverse-sqrt (paper/tutorial) or cosine decay over the planned run / time budget")
+    group.add_argument("--peak-lr", dest="peak_learning_rate", type=float,
+                       help="learning rate at the end of warmup (inverse-sqrt default: (d_model*warmup)^-0.5)")
+    group.add_argument("--bleu-sentences", type=int,
+                       help="validation pairs decoded for BLEU/chrF during training (0 = off)")
+    group.add_argument("--bleu-every-steps", type=int, help="validation BLEU every N steps (default: every epoch)")
+    group.add_argument("--early-stop-patience", type=int,
+                       help="stop after N validation-BLEU evaluations without a new best")
+    group.add_argument("--checkpoint-every-steps", type=int, help="also checkpoint every N steps (for averaging)")
+    group.add_argument("--keep-checkpoints", type=int, help="latest checkpoints kept (default 5)")
     group.add_argument("--steps-per-epoch", type=int)
     group.add_argument("--validation-steps", type=int)
     group.add_argument("--seed", type=int)
@@ -97,8 +113,8 @@ def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:
 
 
 def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
-    """Overrides `base` (default RunConfig()) with every flag that was given."""
-    base = base or RunConfig()
+    """Overrides `base` (default: the `--preset`, else RunConfig()) with every flag that was given."""
+    base = base or PRESETS[getattr(args, "preset", None) or "default"]
     data = _pick(args, {f: f for f in DataConfig.__dataclass_fields__})
     tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root"})
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})

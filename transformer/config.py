@@ -130,12 +130,20 @@ class PipelineConfig:
 class TrainConfig:
     """Optimisation and runtime settings (not part of the architecture)."""
 
-    epochs: int = 1
+    epochs: Optional[int] = None  # None: 1, or no limit with a time budget (see planned_epochs)
     steps_per_epoch: Optional[int] = None  # None: one full pass over the training split
     validation_steps: Optional[int] = None
     seed: int = 0
+    time_budget_minutes: Optional[float] = None  # stop after this much training time (transformer/budget.py)
+    lr_schedule: str = "inverse-sqrt"  # inverse-sqrt | cosine (transformer/schedule.py)
+    peak_learning_rate: Optional[float] = None  # None: (d_model · warmup)^-0.5 (inverse-sqrt); required for cosine
     warmup_steps: int = 4000
     label_smoothing: float = 0.0
+    bleu_sentences: int = 256  # validation pairs decoded for BLEU/chrF during training (0: off)
+    bleu_every_steps: Optional[int] = None  # None: at the end of every epoch
+    early_stop_patience: Optional[int] = None  # stop after N BLEU evaluations without a new best
+    checkpoint_every_steps: Optional[int] = None  # also checkpoint every N steps (not only per epoch)
+    keep_checkpoints: int = 5  # latest checkpoints kept (checkpoint averaging reads them)
     device: str = "auto"  # auto | cpu | gpu
     mixed_precision: str = "off"  # off | float16 | bfloat16
     xla: bool = False
@@ -149,6 +157,13 @@ class TrainConfig:
     auto_batch: bool = False  # on out-of-memory: restore, halve the batch (down to the floor), continue
     auto_batch_floor: Optional[int] = None  # smallest max_tokens (or batch_size); None: training.py's default
 
+    @property
+    def planned_epochs(self) -> int:
+        """Epochs `fit` may run: `epochs`, or 1 — or no practical limit with a time budget."""
+        if self.epochs is not None:
+            return self.epochs
+        return 1 if self.time_budget_minutes is None else 1_000_000
+
     def validate(self) -> None:
         if self.device not in ("auto", "cpu", "gpu"):
             raise ValueError(f"train.device must be auto, cpu or gpu, got {self.device!r}")
@@ -156,8 +171,22 @@ class TrainConfig:
             raise ValueError(
                 f"train.mixed_precision must be off, float16 or bfloat16, got {self.mixed_precision!r}"
             )
-        if self.epochs <= 0:
+        if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"train.epochs must be > 0, got {self.epochs}")
+        if self.time_budget_minutes is not None and self.time_budget_minutes <= 0:
+            raise ValueError(f"train.time_budget_minutes must be > 0, got {self.time_budget_minutes}")
+        if self.lr_schedule not in ("inverse-sqrt", "cosine"):
+            raise ValueError(f"train.lr_schedule must be inverse-sqrt or cosine, got {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and self.peak_learning_rate is None:
+            raise ValueError("train.lr_schedule 'cosine' needs train.peak_learning_rate (--peak-lr)")
+        if self.peak_learning_rate is not None and self.peak_learning_rate <= 0:
+            raise ValueError(f"train.peak_learning_rate must be > 0, got {self.peak_learning_rate}")
+        if self.warmup_steps <= 0:
+            raise ValueError(f"train.warmup_steps must be > 0, got {self.warmup_steps}")
+        if self.bleu_sentences < 0:
+            raise ValueError(f"train.bleu_sentences must be >= 0, got {self.bleu_sentences}")
+        if self.keep_checkpoints <= 0:
+            raise ValueError(f"train.keep_checkpoints must be > 0, got {self.keep_checkpoints}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
             raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -165,7 +194,8 @@ class TrainConfig:
         strategies = ("auto", "one-device", "mirrored", "multi-worker", "tpu")
         if self.strategy not in strategies:
             raise ValueError(f"train.strategy must be one of {', '.join(strategies)}, got {self.strategy!r}")
-        for name in ("backup_every_steps", "auto_batch_floor"):
+        for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",
+                     "checkpoint_every_steps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)}")
 

@@ -319,6 +319,7 @@ class StepTimeReport:
         self.warmup_steps = warmup_steps
         self.environment = environment if environment is not None else capture_environment()
         self.records: list[StepRecord] = []
+        self.evaluations: list[dict] = []  # validation BLEU records (transformer/validation_bleu.py)
         self.peak_flops: Optional[float] = None
         self.train_wall_s: Optional[float] = None
         self.state = "running"
@@ -338,6 +339,11 @@ class StepTimeReport:
     def add_step(self, record: StepRecord) -> None:
         self.records.append(record)
 
+    def tokens_seen(self) -> dict:
+        """Non-pad source/target tokens and examples trained on so far (None if not measured)."""
+        return {name: (int(total) if (total := _total(self.records, name)) is not None else None)
+                for name in ("examples", "src_tokens", "tgt_tokens")}
+
     def summary(self) -> dict:
         return summarize(
             self.records,
@@ -356,6 +362,8 @@ class StepTimeReport:
             "state": self.state,
             "error": self.error,
             "summary": self.summary(),
+            "tokens_seen": self.tokens_seen(),
+            "evaluations": self.evaluations,
             "steps_csv": self.steps_csv.name if self.steps_csv else None,
             "created_at": self.created_at,
             "updated_at": _now(),

@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from transformer import distribute
 from transformer.backup import StepBackupAndRestore, snapshots
+from transformer.budget import TrainingClock
 from transformer.config import ModelConfig, PipelineConfig, RunConfig
 from transformer.data import load_corpus
 from transformer.devices import select_device, set_precision
@@ -54,9 +55,10 @@ from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
 from transformer.pipeline import make_batches, tokenize_pairs
 from transformer.reports import StepTimeReport, error_info
-from transformer.schedule import WarmupInverseSqrt
+from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.timing import BatchCounts, BatchTimer, batch_counts
 from transformer.tokenizer import build_or_load_tokenizers, load_tokenizers
+from transformer.validation_bleu import ValidationBleu, fixed_sample
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +76,32 @@ def build_model(model_config: ModelConfig) -> Transformer:
     return model
 
 
-def compile_model(model: Transformer, config: RunConfig) -> keras.optimizers.Optimizer:
-    """Adam(0.9, 0.98, 1e-9) on the warmup schedule, masked loss/accuracy, optional XLA.
+def make_schedule(config: RunConfig, d_model: int, progress: Optional[tf.Variable] = None,
+                  total_steps: Optional[int] = None) -> keras.optimizers.schedules.LearningRateSchedule:
+    """The learning-rate schedule of `config.train` (see transformer/schedule.py).
+
+    The cosine schedule decays over the planned run: `progress` (a time budget's fraction
+    spent, from `budget.TrainingClock`) when there is a budget, else `total_steps`.
+    """
+    train_config = config.train
+    if train_config.lr_schedule == "inverse-sqrt":
+        return WarmupInverseSqrt(d_model, train_config.warmup_steps, train_config.peak_learning_rate)
+    if train_config.time_budget_minutes is not None:
+        return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, progress=progress)
+    if total_steps is None:
+        raise ValueError("the cosine schedule needs the planned length: give --time-budget or --steps-per-epoch")
+    return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, total_steps=total_steps)
+
+
+def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras.optimizers.Optimizer:
+    """Adam(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA.
 
     Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
     variables are created here so a checkpoint can restore them before the first step.
     Call it under the strategy's scope, as `build_model`.
     """
-    schedule = WarmupInverseSqrt(model.config.d_model, config.train.warmup_steps)
+    if schedule is None:
+        schedule = make_schedule(config, model.config.d_model)
     optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     model.compile(
         optimizer=optimizer,
@@ -102,10 +122,11 @@ class RunCheckpoints:
     writes to its temporary directory and restores from the chief's).
     """
 
-    def __init__(self, directory: Path, model: keras.Model, optimizer, max_to_keep: int = 3,
-                 read_directory: Optional[Path] = None):
+    def __init__(self, directory: Path, model: keras.Model, optimizer, max_to_keep: int = 5,
+                 read_directory: Optional[Path] = None, train_elapsed_s: Optional[tf.Variable] = None):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
+        extra = {"train_elapsed_s": train_elapsed_s} if train_elapsed_s is not None else {}
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch, **extra)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=max_to_keep)
         self.read_directory = Path(read_directory if read_directory is not None else directory)
 
@@ -121,11 +142,27 @@ class RunCheckpoints:
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
-    """Saves a RunCheckpoints checkpoint at the end of every epoch."""
+    """Saves a RunCheckpoints checkpoint at the end of every epoch (and every `every_steps` steps).
 
-    def __init__(self, checkpoints: RunCheckpoints):
+    A mid-epoch checkpoint records the epoch as not finished: resuming from it restarts that
+    epoch's data (with the optimizer's step count kept). Use --backup-every-steps for exact
+    mid-epoch resumption; these checkpoints are for checkpoint averaging and evaluation.
+    """
+
+    def __init__(self, checkpoints: RunCheckpoints, every_steps: Optional[int] = None):
         super().__init__()
         self.checkpoints = checkpoints
+        self.every_steps = every_steps
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if self.every_steps and step % self.every_steps == 0:
+            path = self.checkpoints.save(self._epoch)
+            log.info("step %d: checkpoint %s", step, path)
 
     def on_epoch_end(self, epoch, logs=None):
         path = self.checkpoints.save(epoch + 1)
@@ -244,7 +281,8 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     write_dir = role.write_dir(run_dir)
     try:
         write_dir.mkdir(parents=True, exist_ok=True)
-        steps_planned = config.train.epochs * config.train.steps_per_epoch if config.train.steps_per_epoch else None
+        steps_planned = (config.train.planned_epochs * config.train.steps_per_epoch
+                         if config.train.steps_per_epoch and config.train.time_budget_minutes is None else None)
         report = StepTimeReport(write_dir / "report.json", run=run_description(config), steps_planned=steps_planned)
         with report.guard():
             return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
@@ -278,11 +316,19 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     log.info("strategy %s: %d replica(s), global batch = per-replica batch × %d (%s)",
              strategy_name, replicas, replicas, report.run["batching"])
 
+    budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
+    total_steps = (config.train.planned_epochs * config.train.steps_per_epoch
+                   if config.train.steps_per_epoch and budget_s is None else None)
+    if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
+        total_steps = config.train.planned_epochs * count_batches(corpus, tokenizers, config, replicas)
+        log.info("cosine schedule over %d planned steps (%d epochs)", total_steps, config.train.planned_epochs)
+    clock = TrainingClock(budget_s, total_steps)
     with strategy.scope():
         model = build_model(model_config)
-        optimizer = compile_model(model, config)
+        optimizer = compile_model(model, config, make_schedule(config, model_config.d_model, clock.progress, total_steps))
         checkpoints = RunCheckpoints(write_dir / CHECKPOINT_DIR, model, optimizer,
-                                     read_directory=run_dir / CHECKPOINT_DIR)
+                                     max_to_keep=config.train.keep_checkpoints,
+                                     read_directory=run_dir / CHECKPOINT_DIR, train_elapsed_s=clock.elapsed_s)
     distribute.patch_keras_for_multi_worker(model, strategy)
     initial_epoch = _restore_checkpoint(checkpoints, optimizer, resuming)
     initial_state = _variable_values(model, optimizer, checkpoints) if config.train.auto_batch else None
@@ -297,23 +343,38 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if config.train.backup_every_steps or _has_backup(run_dir):
         backup = StepBackupAndRestore(run_dir / BACKUP_DIR, save_freq=config.train.backup_every_steps or "epoch",
                                       steps_per_epoch=config.train.steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
+    bleu = make_bleu_callback(config, corpus, tokenizers, write_dir, report, clock, strategy_name)
     callbacks = [
         *([backup] if backup else []),
         timer,
-        EpochCheckpoint(checkpoints),
+        clock,  # after the timer, which syncs the step
+        EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps),
         keras.callbacks.TensorBoard(log_dir=str(write_dir / "tensorboard"), update_freq=50),
+        *([bleu] if bleu else []),
         *extra_callbacks,
     ]
 
+    nothing_to_train = clock.budget_spent()  # resumed with its budget used up (fit would take one step)
+    if nothing_to_train:
+        log.info("time budget of %.1f min already spent: nothing to train", clock.budget_s / 60)
+        clock.stopped_by_budget = True
     try:
-        history, config = _fit(model, checkpoints, callbacks, corpus, tokenizers, config, initial_epoch,
-                               initial_state, strategy_name, replicas, report, write_dir, device)
+        history = {}
+        if not nothing_to_train:
+            history, config = _fit(model, checkpoints, callbacks, corpus, tokenizers, config, initial_epoch,
+                                   initial_state, strategy_name, replicas, report, write_dir, device)
     finally:  # also when the resumed run dies: the report says where it started
         if backup is not None and backup.restored is not None:
             report.run["resumed_from_backup"] = backup.restored
             initial_epoch = backup.restored["epoch"]
 
     summary = _summary(history, optimizer, config, time.perf_counter() - started, initial_epoch)
+    summary["train_time_s"] = round(clock.seconds, 1)
+    summary["stopped_by"] = ("time budget" if clock.stopped_by_budget
+                             else "early stopping" if bleu is not None and bleu.early_stopped else None)
+    summary["tokens_seen"] = report.tokens_seen()
+    summary["best_validation_bleu"] = bleu.best if bleu is not None else None
+    report.run["stopped_by"] = summary["stopped_by"]
     summary["step_time"] = report.summary()
     summary["replicas"] = replicas
     (write_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -334,7 +395,7 @@ def _fit(model, checkpoints: RunCheckpoints, callbacks: list, corpus, tokenizers
         try:
             history = model.fit(
                 train_batches,
-                epochs=config.train.epochs,
+                epochs=config.train.planned_epochs,
                 initial_epoch=initial_epoch,
                 steps_per_epoch=config.train.steps_per_epoch,
                 validation_data=val_batches,
@@ -354,6 +415,35 @@ def _fit(model, checkpoints: RunCheckpoints, callbacks: list, corpus, tokenizers
             config.save(write_dir / CONFIG_FILE)
             report.run.update(batching=run_description(config, device, replicas)["batching"], config=config.to_dict())
             report.write()
+
+
+def make_bleu_callback(config: RunConfig, corpus, tokenizers, write_dir: Path, report: StepTimeReport,
+                       clock: TrainingClock, strategy_name: str) -> Optional[ValidationBleu]:
+    """The validation-BLEU callback over a fixed sample, or None (disabled / no validation split)."""
+    size = config.train.bleu_sentences
+    if not size or corpus.validation is None:
+        return None
+    if strategy_name in ("multi-worker", "tpu"):
+        log.warning("validation BLEU during training is not run under --strategy %s; "
+                    "evaluate checkpoints with scripts/evaluate.py", strategy_name)
+        return None
+    sources, references = [], []
+    for src, tgt in corpus.validation.as_numpy_iterator():
+        sources.append(src.decode("utf-8"))
+        references.append(tgt.decode("utf-8"))
+    sources, references = fixed_sample(sources, references, size)
+    from transformer.translator import DecodeConfig, Translator  # translator imports training lazily
+
+    return ValidationBleu(lambda model: Translator(tokenizers, model, DecodeConfig()), sources, references,
+                          run_dir=write_dir, every_steps=config.train.bleu_every_steps,
+                          patience=config.train.early_stop_patience, report=report, clock=clock)
+
+
+def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1) -> int:
+    """Training batches in one epoch of the configured pipeline (one pass over the cached ids)."""
+    batches = make_batches(corpus.train, tokenizers, config.pipeline, config.model.max_length, training=True,
+                           seed=config.train.seed, replicas=replicas)
+    return int(batches.reduce(0, lambda count, _: count + 1).numpy())
 
 
 def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int):
@@ -437,7 +527,7 @@ def _summary(history: dict, optimizer, config: RunConfig, wall_s: float, initial
     last = {key: float(values[-1]) for key, values in history.items() if values}
     return {
         "epochs_run": len(history.get("loss", [])),
-        "epochs_total": config.train.epochs,
+        "epochs_total": config.train.epochs,  # None: 1, or until the time budget
         "initial_epoch": initial_epoch,
         "optimizer_steps": int(optimizer.iterations.numpy()),
         "train_loss": last.get("loss"),
@@ -448,15 +538,33 @@ def _summary(history: dict, optimizer, config: RunConfig, wall_s: float, initial
     }
 
 
-def load_trained_model(run_dir: str | Path) -> tuple[Transformer, object, RunConfig]:
-    """(model with the latest checkpoint's weights, tokenizers, config) from a run directory."""
+CHECKPOINT_CHOICES = ("latest", "best", "averaged")
+
+
+def checkpoint_path(run_dir: str | Path, which: str = "latest") -> str:
+    """Checkpoint prefix of a run: "latest" (checkpoints/), "best" (by validation BLEU, best/),
+    "averaged" (scripts/average_checkpoints.py, averaged/), or an explicit checkpoint prefix."""
+    run_dir = Path(run_dir)
+    directories = {"latest": run_dir / CHECKPOINT_DIR, "best": run_dir / "best", "averaged": run_dir / "averaged"}
+    if which not in directories:
+        if tf.io.gfile.exists(f"{which}.index"):
+            return which
+        raise ValueError(f"checkpoint must be one of {CHECKPOINT_CHOICES} or a checkpoint prefix, got {which!r}")
+    latest = tf.train.latest_checkpoint(str(directories[which]))
+    if latest is None:
+        raise FileNotFoundError(f"no {which} checkpoint in {directories[which]}")
+    return latest
+
+
+def load_trained_model(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Transformer, object, RunConfig]:
+    """(model with the chosen checkpoint's weights, tokenizers, config) from a run directory.
+
+    `checkpoint`: see `checkpoint_path` (latest, best, averaged or a prefix).
+    """
     run_dir = Path(run_dir)
     config = RunConfig.load(run_dir / CONFIG_FILE)
     tokenizers = load_tokenizers(run_dir / "tokenizers")
     model = build_model(config.model)
-    checkpoint = tf.train.Checkpoint(model=model)
-    latest = tf.train.latest_checkpoint(str(run_dir / CHECKPOINT_DIR))
-    if latest is None:
-        raise FileNotFoundError(f"no checkpoint in {run_dir / CHECKPOINT_DIR}")
-    checkpoint.restore(latest).expect_partial()
+    path = checkpoint_path(run_dir, checkpoint)
+    tf.train.Checkpoint(model=model).restore(path).expect_partial()
     return model, tokenizers, config

@@ -91,6 +91,13 @@ def add_decode_args(parser) -> None:
                        help="compile the decode loop with XLA")
 
 
+def add_checkpoint_arg(parser) -> None:
+    """Adds --checkpoint: which weights of a training run directory to load."""
+    parser.add_argument("--checkpoint", default="latest",
+                        help="for a run directory: latest (default), best (by validation BLEU), averaged "
+                             "(scripts/average_checkpoints.py) or a checkpoint prefix")
+
+
 def decode_config_from_args(args) -> DecodeConfig:
     """DecodeConfig from the flags of `add_decode_args`."""
     return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
@@ -301,15 +308,15 @@ class Translator(tf.Module):
 
 
 
-def translator_from_run(run_dir, config: DecodeConfig = DecodeConfig()) -> Translator:
-    """A Translator over a training run directory's latest checkpoint and its tokenizers."""
+def translator_from_run(run_dir, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest") -> Translator:
+    """A Translator over a training run directory's checkpoint (latest, best, averaged) and its tokenizers."""
     from transformer.training import load_trained_model
 
-    model, tokenizers, _ = load_trained_model(run_dir)
+    model, tokenizers, _ = load_trained_model(run_dir, checkpoint)
     return Translator(tokenizers, model, config)
 
 
-def open_translator(path, config: DecodeConfig = DecodeConfig()):
+def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest"):
     """A Translator (run directory) or an ExportedTranslator (SavedModel) for `path`.
 
     Both have `translate`, `translate_with_lengths` and `attention`. `config` applies to run
@@ -323,6 +330,6 @@ def open_translator(path, config: DecodeConfig = DecodeConfig()):
 
         return load_exported(path)
     if (path / "config.json").is_file():
-        return translator_from_run(path, config)
+        return translator_from_run(path, config, checkpoint)
     raise FileNotFoundError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
                             "directory (config.json + checkpoints/)")

@@ -1,0 +1,169 @@
+"""`ValidationBleu`: sacrebleu BLEU/chrF on a fixed validation sample while training.
+
+Every `every_steps` optimizer steps (or at each epoch end) it translates the sample with the
+cached batched greedy `Translator` over the live model, scores it with sacrebleu
+(`evaluation.score`), and:
+  * logs `bleu`, `chrf` and the tokens seen so far to TensorBoard (`<run>/tensorboard/bleu`)
+    and to the step-time report (`report.json` → `evaluations`);
+  * keeps the best model by BLEU in `<run>/best/` (weights only) with `best.json`;
+  * with `patience`, stops training after that many evaluations without a new best.
+
+Tokens seen (non-pad source and target tokens of every training step so far) come from the
+step-time report, so an underfit run shows itself: a low BLEU after few tokens is a short
+run, not a bad recipe. The time spent here is not training time (`budget.TrainingClock`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from transformer.evaluation import score
+from transformer.reports import StepTimeReport, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+
+
+def fixed_sample(sources: Sequence[str], references: Sequence[str], size: int) -> tuple[list, list]:
+    """`size` pairs spread evenly over the split (deterministic: the same every evaluation)."""
+    if len(sources) != len(references):
+        raise ValueError(f"{len(sources)} sources for {len(references)} references")
+    if size >= len(sources):
+        return list(sources), list(references)
+    picks = np.linspace(0, len(sources) - 1, size).round().astype(int)
+    return [sources[i] for i in picks], [references[i] for i in picks]
+
+
+class ValidationBleu(keras.callbacks.Callback):
+    """Periodic validation BLEU with best-checkpoint keeping and optional early stopping.
+
+    Args:
+        translator_fn: callable(model) → object with `translate(list[str]) → list[str]`.
+        sources, references: the fixed validation sample (str lists of equal length).
+        run_dir: Path. `best/` and `best.json` go here; None keeps nothing on disk.
+        every_steps: int or None. Evaluate every N optimizer steps; None: at epoch ends.
+        patience: int or None. Evaluations without a new best before stopping.
+        report: StepTimeReport or None. Gets an `evaluations` entry per evaluation.
+        clock: TrainingClock or None. Its training seconds are logged with each evaluation.
+    """
+
+    def __init__(self, translator_fn: Callable, sources: Sequence[str], references: Sequence[str], *,
+                 run_dir: Optional[Path] = None, every_steps: Optional[int] = None,
+                 patience: Optional[int] = None, report: Optional[StepTimeReport] = None, clock=None):
+        super().__init__()
+        if not sources:
+            raise ValueError("ValidationBleu needs at least one validation sentence")
+        self.translator_fn = translator_fn
+        self.sources, self.references = list(sources), list(references)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.every_steps = every_steps
+        self.patience = patience
+        self.report = report if report is not None else StepTimeReport()
+        self.clock = clock
+        self.best: Optional[dict] = None
+        self.evaluations_since_best = 0
+        self.early_stopped = False
+        self._translator = None
+        self._best_manager = None
+        self._writer = None
+        self._last_step = -1
+        self._started = time.perf_counter()
+
+    # ---------------------------------------------------------------- Keras hooks
+    def on_train_begin(self, logs=None):
+        self._started = time.perf_counter()
+        if self.best is None and self.run_dir is not None and (self.run_dir / BEST_FILE).exists():
+            self.best = json.loads((self.run_dir / BEST_FILE).read_text())  # a resumed run keeps its best
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.every_steps and self._step() % self.every_steps == 0:
+            self.evaluate()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.every_steps or self.model.stop_training:
+            self.evaluate(epoch=epoch + 1)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self, epoch: Optional[int] = None) -> Optional[dict]:
+        """Scores the sample now (once per optimizer step); returns the evaluation record."""
+        step = self._step()
+        if step == self._last_step:
+            return None
+        self._last_step = step
+        start = time.perf_counter()
+        if self._translator is None:
+            self._translator = self.translator_fn(self.model)
+        hypotheses = self._translator.translate(self.sources)
+        scores = score(hypotheses, self.references)
+        tokens = self.report.tokens_seen()
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "bleu": scores["bleu"],
+            "chrf": scores["chrf"],
+            "sentences": len(self.sources),
+            "src_tokens_seen": tokens["src_tokens"],
+            "tgt_tokens_seen": tokens["tgt_tokens"],
+            "train_time_s": round(self.clock.seconds, 1) if self.clock is not None else None,
+            "wall_time_s": round(time.perf_counter() - self._started, 1),
+            "eval_s": None,
+            "example": hypotheses[0],
+        }
+        improved = self.best is None or record["bleu"] > self.best["bleu"]
+        if improved:
+            self.best = dict(record)
+            self.evaluations_since_best = 0
+            self._save_best(record)
+        else:
+            self.evaluations_since_best += 1
+        record["eval_s"] = round(time.perf_counter() - start, 1)
+        record["best"] = improved
+        self._log(record)
+        if self.patience and self.evaluations_since_best >= self.patience:
+            log.info("early stopping: no BLEU improvement in %d evaluations (best %.2f at step %d)",
+                     self.patience, self.best["bleu"], self.best["step"])
+            self.early_stopped = True
+            self.model.stop_training = True
+        return record
+
+    def _step(self) -> int:
+        return int(self.model.optimizer.iterations.numpy())
+
+    def _save_best(self, record: dict) -> None:
+        if self.run_dir is None:
+            return
+        if self._best_manager is None:
+            checkpoint = tf.train.Checkpoint(model=self.model)
+            self._best_manager = tf.train.CheckpointManager(checkpoint, str(self.run_dir / BEST_DIR), max_to_keep=1)
+        path = self._best_manager.save(checkpoint_number=record["step"])
+        atomic_write_text(self.run_dir / BEST_FILE, json.dumps({**record, "checkpoint": path}, indent=2) + "\n")
+
+    def _log(self, record: dict) -> None:
+        log.info("step %d: validation BLEU %.2f chrF %.2f on %d sentences (best %.2f) after %s target tokens; "
+                 "eval %.1f s", record["step"], record["bleu"], record["chrf"], record["sentences"],
+                 self.best["bleu"], f"{record['tgt_tokens_seen']:,}" if record["tgt_tokens_seen"] else "?",
+                 record["eval_s"])
+        self.report.evaluations.append(record)
+        self.report.write()
+        if self.run_dir is not None:
+            if self._writer is None:
+                self._writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "bleu"))
+            with self._writer.as_default(step=record["step"]):
+                tf.summary.scalar("validation_bleu", record["bleu"])
+                tf.summary.scalar("validation_chrf", record["chrf"])
+                if record["tgt_tokens_seen"] is not None:
+                    tf.summary.scalar("target_tokens_seen", record["tgt_tokens_seen"])
