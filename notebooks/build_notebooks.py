@@ -153,7 +153,7 @@ def _config_cell(train_fields: str, pipeline_fields: str) -> str:
                             max_val_examples=MAX_VAL_EXAMPLES),
             tokenizer=TokenizerConfig(vocab_size=VOCAB_SIZE, root=str(TOKENIZER_ROOT)),  # shared by the runs
             model=ModelConfig(num_layers=NUM_LAYERS, d_model=D_MODEL, num_heads=NUM_HEADS, dff=DFF,
-                              max_length=MAX_LENGTH),
+                              head_width="tutorial", max_length=MAX_LENGTH),
             pipeline=PipelineConfig({pipeline_fields}),
             train=TrainConfig({train_fields}),
         ).validate()
@@ -404,12 +404,13 @@ NB02_PARAMETERS = "\n\n".join([
         MAX_TRAIN_EXAMPLES = None    # first N training pairs (None: all)
         MAX_VAL_EXAMPLES = 500
         VOCAB_SIZE = 8000            # WordPiece vocabulary per language
-        NUM_LAYERS = 4               # the TF tutorial's model: 4 layers, d_model 128, 8 heads, dff 512
-        D_MODEL = 128
+        NUM_LAYERS = 3               # the default recipe (docs/recipes.md): 3 layers, d_model 256, 8 heads, dff 1024
+        D_MODEL = 256
         NUM_HEADS = 8
-        DFF = 512
+        DFF = 1024
         MAX_LENGTH = 128             # tokens per sentence, [START]/[END] included
-        EPOCHS = 10
+        TIME_BUDGET_MINUTES = 30     # train for this much training time (None: EPOCHS epochs)
+        EPOCHS = 10                  # with a time budget: at most this many
         STEPS = None                 # steps per epoch (None: one full pass over the training pairs)
         PRECISION = "auto"           # "off" (float32), "float16", "bfloat16"; "auto": float16 on a GPU, else off
 
@@ -460,8 +461,8 @@ NB02_MODEL = _src('''
             tokenizer=TokenizerConfig(vocab_size=VOCAB_SIZE, root=str(TOKENIZER_ROOT)),
             model=ModelConfig(num_layers=NUM_LAYERS, d_model=D_MODEL, num_heads=NUM_HEADS, dff=DFF,
                               max_length=MAX_LENGTH),
-            train=TrainConfig(epochs=EPOCHS, steps_per_epoch=STEPS, mixed_precision=precision,
-                              output_dir=str(run_dir), verbose=2),
+            train=TrainConfig(epochs=EPOCHS, steps_per_epoch=STEPS, time_budget_minutes=TIME_BUDGET_MINUTES,
+                              mixed_precision=precision, output_dir=str(run_dir), verbose=2),
         ).validate()
         result = train(config)
         print(json.dumps(result.summary, indent=1))

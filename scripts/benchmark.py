@@ -8,7 +8,8 @@ Every cell trains the same model on the same data for --steps steps in its own p
 (`scripts/train.py`), so the table compares like with like. The first cell is the baseline
 for speed-ups: put `naive` first to compare against the TF tutorial's pipeline. Writes
 <output>/<cell>/report.json, <output>/comparison.md and <output>/comparison.png.
-Extra flags after `--` go to scripts/train.py unchanged (e.g. `-- --num-layers 2`).
+Extra flags after `--` go to scripts/train.py unchanged (e.g. `-- --num-layers 2`); the cells'
+batch flags override them. `-- --preset tutorial` benchmarks the TF tutorial's model.
 """
 
 import argparse

@@ -1,6 +1,7 @@
 """Train the pt→en Transformer.
 
-    python scripts/train.py --data ../shared/data/bible-pt-en --epochs 1 --output runs/bible
+    python scripts/train.py --data ../shared/data/bible-pt-en --time-budget 30 --output runs/bible
+    python scripts/train.py --data ../shared/data/bible-pt-en --preset tutorial --pipeline naive  # the TF tutorial
     python scripts/train.py --device gpu --mixed-precision float16 --xla   # TFDS TED default
     python scripts/train.py --strategy mirrored --max-tokens 4096 --backup-every-steps 500  # all local GPUs
     # on every machine, with its own TF_CONFIG task index (see README.md):

@@ -59,7 +59,7 @@ def bible_tokenizers(bible_data_config, tmp_path_factory) -> BuiltTokenizers:
     from transformer.tokenizer import build_or_load_tokenizers
 
     root = tmp_path_factory.mktemp("tokenizers")
-    config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=str(root))
+    config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=str(root), lower_case=True)  # tests check the normalisation
     corpus = load_corpus(bible_data_config)
     tokenizers, directory = build_or_load_tokenizers(corpus, config)
     return BuiltTokenizers(tokenizers, directory, config, corpus, bible_data_config)

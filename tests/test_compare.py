@@ -12,9 +12,10 @@ from transformer.reports import StepRecord, StepTimeReport
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: int = 6) -> Path:
+def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: int = 6, bleus=()) -> Path:
     run = {"label": label, "precision": "float32", "xla": False, "pipeline": "naive", "batching": "64"}
     report = StepTimeReport(path, run=run, steps_planned=steps, environment={"device": "CPU"})
+    report.evaluations.extend({"step": i, "bleu": bleu} for i, bleu in enumerate(bleus))
     with report.guard():
         for step in range(steps):
             time_s = 2.0 if step == 0 else step_s  # first step: trace/compile
@@ -39,7 +40,7 @@ def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: in
 @pytest.fixture
 def two_reports(tmp_path):
     slow = write_report(tmp_path / "slow" / "report.json", "tutorial", step_s=0.2, wait_s=0.05)  # 25% wait
-    fast = write_report(tmp_path / "fast.json", "optimized", step_s=0.1, wait_s=0.001)  # 1% wait
+    fast = write_report(tmp_path / "fast.json", "optimized", step_s=0.1, wait_s=0.001, bleus=(3.0, 21.5, 20.0))  # 1% wait
     return slow, fast
 
 
@@ -68,6 +69,8 @@ def test_compare_writes_table_and_plot(two_reports, tmp_path):
     assert "| 1.00x | 1.00x |" in tutorial and "input-bound: 25% of step time waiting for data" in tutorial
     assert "| 2.00x | 2.00x |" in optimized and "compute-bound" in optimized
     assert "| 6/6 |" in optimized and "| completed |" in optimized and "| 0.1000 |" in optimized
+    assert optimized.endswith("| 6,000 | 21.50 |")  # target tokens trained on, best of the BLEU evaluations
+    assert tutorial.endswith("| 6,000 | — |")  # no validation BLEU logged
     assert markdown.read_text() == table
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 1000
 

@@ -133,7 +133,8 @@ def test_unset_flags_keep_the_dataclass_defaults():
     assert cli.run_config_from_args(script.parse_args([])) == RunConfig()
     config = cli.run_config_from_args(script.parse_args(["--xla", "--max-tokens", "4096"]))
     assert config.train.xla is True and config.pipeline.max_tokens == 4096
-    assert config.tokenizer.lower_case is True and config.train.resume is False
+    assert config.tokenizer.lower_case is False and config.train.resume is False  # the default recipe is cased
+    assert cli.run_config_from_args(script.parse_args(["--lower-case"])).tokenizer.lower_case is True
 
 
 def test_invalid_flag_values_fail():

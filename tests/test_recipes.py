@@ -60,8 +60,10 @@ def test_presets_and_flags():
     assert config.model == PRESETS["tutorial"].model and config.pipeline.kind == "naive"
     assert config.pipeline.batch_size == 64 and config.train.warmup_steps == 4000
     assert config.train.lr_schedule == "inverse-sqrt" and config.train.label_smoothing == 0.0
-    overridden = cli.run_config_from_args(cli_args(["--preset", "tutorial", "--d-model", "64", "--time-budget", "30"]))
+    overridden = cli.run_config_from_args(cli_args(["--preset", "tutorial", "--d-model", "64", "--time-budget", "30",
+                                                    "--bucket-width", "4"]))
     assert overridden.model.d_model == 64 and overridden.model.num_layers == 4
+    assert overridden.pipeline.bucket_width == 4
     assert overridden.train.time_budget_minutes == 30.0 and overridden.train.planned_epochs > 1000
     assert cli.run_config_from_args(cli_args([])) == PRESETS["default"]
     with pytest.raises(SystemExit):
@@ -82,7 +84,7 @@ def cli_args(argv):
 
 def test_time_budget_stops_training_and_resume_keeps_the_spent_budget(bible_tokenizers, tmp_path):
     output = tmp_path / "run"
-    budget_min = 0.1  # 6 s of training steps
+    budget_min = 0.25  # 15 s of training steps (the first one traces the step)
     config = run_config(bible_tokenizers, output, validation=False, epochs=None, steps_per_epoch=5,
                         time_budget_minutes=budget_min, lr_schedule="cosine", peak_learning_rate=1e-3,
                         warmup_steps=2)
@@ -180,3 +182,17 @@ def test_averaging_gives_the_mean_of_the_last_checkpoints(bible_tokenizers, tmp_
         np.testing.assert_allclose(weight.numpy(), (third + fourth) / 2, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="checkpoint must be one of"):
         load_trained_model(tmp_path, checkpoint="nonsense")
+
+
+def test_cosine_over_whole_epochs_plans_from_the_counted_batches(bible_tokenizers, tmp_path):
+    """Without a budget or --steps-per-epoch, the cosine schedule's length is epochs × batches per epoch."""
+    config = run_config(bible_tokenizers, tmp_path / "run", validation=False, epochs=2, steps_per_epoch=None,
+                        lr_schedule="cosine", peak_learning_rate=1e-3, warmup_steps=2, bleu_sentences=0)
+    config = config.replace(pipeline={"max_tokens": 4096})
+    with tokenizers_reused(bible_tokenizers):
+        result = train(config)
+    steps = result.summary["optimizer_steps"]
+    assert steps > 10 and result.summary["epochs_run"] == 2
+    # Batches per epoch vary by a few (per-bucket remainders are dropped after each reshuffle),
+    # so the schedule ends near, not exactly at, its floor; far from the 1e-3 peak either way.
+    assert float(result.model.optimizer.learning_rate) < 0.05 * 1e-3

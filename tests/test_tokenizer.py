@@ -130,7 +130,7 @@ def test_different_inputs_get_different_keys(tmp_path):
     assert tokenizer_key(load_corpus(DataConfig(data_dir=str(tmp_path / "a"))), config) == key  # deterministic
     others = [
         tokenizer_key(corpus_a, TokenizerConfig(vocab_size=2000)),
-        tokenizer_key(corpus_a, TokenizerConfig(vocab_size=1000, lower_case=False)),
+        tokenizer_key(corpus_a, TokenizerConfig(vocab_size=1000, lower_case=not config.lower_case)),
         tokenizer_key(corpus_a, TokenizerConfig(vocab_size=1000, learn_max_examples=1)),
         tokenizer_key(corpus_b, config),
         tokenizer_key(load_corpus(DataConfig(data_dir=str(tmp_path / "a"), max_train_examples=1)), config),

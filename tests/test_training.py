@@ -118,7 +118,8 @@ def test_tiny_model_overfits_a_handful_of_pairs(bible_tokenizers, tiny_model_con
                                      tgt_vocab_size=int(tokenizers.tgt.get_vocab_size()))
     keras.utils.set_random_seed(0)
     model = build_model(model_config)
-    compile_model(model, RunConfig().replace(train={"warmup_steps": 30}))  # the training path's optimizer
+    compile_model(model, RunConfig().replace(train={"lr_schedule": "inverse-sqrt", "peak_learning_rate": None,
+                                                "warmup_steps": 30, "label_smoothing": 0.0}))  # the training path's optimizer
     losses = []
     for _ in range(80):
         loss, accuracy = model.train_on_batch((src, tgt_in), tgt_out)
@@ -146,7 +147,8 @@ def run_config(bible_tokenizers, output_dir, validation=True, **train) -> RunCon
         model=ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.1, max_length=32),
         pipeline=PipelineConfig(max_tokens=512),
         train=TrainConfig(**{"epochs": 2, "steps_per_epoch": 3, "probe_peak": False, "verbose": 0,
-                             "warmup_steps": 10, "output_dir": str(output_dir), **train}),
+                             "lr_schedule": "inverse-sqrt", "warmup_steps": 10, "output_dir": str(output_dir),
+                             **train}),
     )
 
 
@@ -226,6 +228,12 @@ def test_resume_continues_the_step_count(bible_tokenizers, fresh_run, tmp_path):
     assert second.summary["optimizer_steps"] == (EPOCHS + 1) * STEPS
     assert int(second.model.optimizer.iterations.numpy()) == (EPOCHS + 1) * STEPS
     assert second.model.config.d_model == 16
+    # The step-time report continues the first attempt's rows instead of overwriting them.
+    report = json.loads((output / "report.json").read_text())
+    assert report["steps_done"] == (EPOCHS + 1) * STEPS and report["state"] == "completed"
+    assert [a["state"] for a in report["run"]["attempts"]] == ["completed"]
+    steps = [int(line.split(",")[0]) for line in (output / "report_steps.csv").read_text().splitlines()[1:]]
+    assert steps == list(range((EPOCHS + 1) * STEPS))
     assert any(not np.array_equal(a, b.numpy()) for a, b in zip(first_weights, second.model.weights))
 
 

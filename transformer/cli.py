@@ -38,7 +38,9 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tokenizers")
     group.add_argument("--vocab-size", type=int, help=f"WordPiece vocab size per language (default {TokenizerConfig.vocab_size})")
     group.add_argument("--cased", dest="lower_case", action="store_false", default=None,
-                       help="keep case and accents (default: lower-case and strip accents, as the tutorial)")
+                       help="keep case and accents (the default recipe)")
+    group.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
+                       help="lower-case and strip accents (the TF tutorial's choice)")
     group.add_argument("--tokenizers-root", dest="tokenizer_root", help="where built tokenizers go (default tokenizers/)")
 
 
@@ -59,6 +61,9 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pipeline", dest="pipeline_kind", choices=["optimized", "naive"])
     group.add_argument("--batch-size", type=int, help="sentences per batch (naive pipeline, or optimized with --max-tokens 0)")
     group.add_argument("--max-tokens", type=int, help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
+    group.add_argument("--bucket-width", type=int,
+                       help="padded lengths are multiples of this (optimized pipeline; default 8): smaller = "
+                            "less padding, more distinct shapes (XLA compiles one program per shape)")
     group.add_argument("--shuffle-buffer", type=int)
     group.add_argument("--cache", help="'memory' or a file path prefix for tf.data's file cache")
 
@@ -119,7 +124,8 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root"})
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
-                            "shuffle_buffer": "shuffle_buffer", "cache": "cache"})
+                            "shuffle_buffer": "shuffle_buffer", "cache": "cache",
+                            "bucket_width": "bucket_width"})
     if pipeline.get("max_tokens") == 0:
         pipeline["max_tokens"] = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})

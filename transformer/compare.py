@@ -8,6 +8,9 @@ fair across batch sizes) and by mean s/step (first ÷ run, meaningful only when 
 use the same batches). A run is "input-bound" when more than `threshold_pct` of its step
 time was spent waiting for the next batch, else "compute-bound".
 
+The last two columns say what a run achieved: target tokens trained on (`tokens_seen`) and
+the best validation BLEU logged during training (`evaluations`, see validation_bleu.py).
+
 The run columns come from the report's `run` dict keys `label`, `precision`, `xla`,
 `pipeline` and `batching` (missing ones show as "—"); the label falls back to the file name.
 """
@@ -114,7 +117,15 @@ def _row(run: Run, base: Run, threshold_pct: float) -> list[str]:
         _fmt_times(by_step),
         run.report["state"],
         verdict(summary, threshold_pct),
+        _fmt((run.report.get("tokens_seen") or {}).get("tgt_tokens"), ",d"),
+        _fmt(best_bleu(run.report), ".2f"),
     ]
+
+
+def best_bleu(report: dict) -> Optional[float]:
+    """Highest validation BLEU logged during the run (`evaluations`), or None."""
+    scores = [e["bleu"] for e in report.get("evaluations") or [] if e.get("bleu") is not None]
+    return max(scores) if scores else None
 
 
 HEADER = [
@@ -133,6 +144,8 @@ HEADER = [
     "Speed-up (s/step)",
     "State",
     "Verdict",
+    "Tgt tokens seen",
+    "Best val BLEU",
 ]
 
 
@@ -147,7 +160,8 @@ def markdown_table(runs: Sequence[Run], threshold_pct: float = DEFAULT_THRESHOLD
         "",
         f"Steady state (warm-up steps excluded). Speed-ups vs `{runs[0].label}`: tokens/s is "
         "run ÷ first (fair across batch sizes); s/step is first ÷ run (same batches only). "
-        f"Input-bound: data wait > {threshold_pct:g}% of step time.",
+        f"Input-bound: data wait > {threshold_pct:g}% of step time. Tokens seen and best validation "
+        "BLEU (on the run's fixed sample) say what the run achieved, not only how fast it went.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -53,7 +53,7 @@ class TokenizerConfig:
     """WordPiece vocabulary learning (tensorflow-text `bert_vocab_from_dataset`)."""
 
     vocab_size: int = 8000  # target size per language; the learned vocab is close to it
-    lower_case: bool = True
+    lower_case: bool = False  # the default recipe keeps case (references are cased); the tutorial lower-cases
     root: str = "tokenizers"  # built tokenizers go to <root>/<key>/
     learn_max_examples: Optional[int] = None  # learn the vocab from at most N sentences
 
@@ -68,16 +68,19 @@ class TokenizerConfig:
 class ModelConfig:
     """Architecture only (nanoGPT's GPTConfig): restored from the checkpoint on resume.
 
+    Defaults are the default recipe (docs/recipes.md); `presets.PRESETS["tutorial"]` holds
+    the TF tutorial's sizes (4 layers, d_model 128, dff 512, tutorial head width).
+
     head_width: "tutorial" uses key_dim = d_model per head (the TF tutorial's choice);
     "paper" uses key_dim = d_model // num_heads (Vaswani et al.).
     """
 
-    num_layers: int = 4
-    d_model: int = 128
+    num_layers: int = 3
+    d_model: int = 256
     num_heads: int = 8
-    dff: int = 512
+    dff: int = 1024
     dropout_rate: float = 0.1
-    head_width: str = "tutorial"
+    head_width: str = "paper"
     max_length: int = 128  # tokens per sequence, including [START]/[END]
     src_vocab_size: int = 0  # filled in from the tokenizers
     tgt_vocab_size: int = 0
@@ -112,7 +115,7 @@ class PipelineConfig:
 
     kind: str = "optimized"
     batch_size: int = 64  # sentences per batch (naive pipeline; optimized when max_tokens is None)
-    max_tokens: Optional[int] = 8192  # padded tokens per batch per side (optimized pipeline)
+    max_tokens: Optional[int] = 2048  # padded tokens per batch per side (optimized pipeline)
     shuffle_buffer: int = 20000
     cache: str = "memory"  # "memory", or a file path prefix for tf.data's file cache
     bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
@@ -124,6 +127,8 @@ class PipelineConfig:
             raise ValueError(f"pipeline.batch_size must be > 0, got {self.batch_size}")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ValueError(f"pipeline.max_tokens must be > 0, got {self.max_tokens}")
+        if self.bucket_width <= 0:
+            raise ValueError(f"pipeline.bucket_width must be > 0, got {self.bucket_width}")
 
 
 @dataclass(frozen=True)
@@ -135,10 +140,10 @@ class TrainConfig:
     validation_steps: Optional[int] = None
     seed: int = 0
     time_budget_minutes: Optional[float] = None  # stop after this much training time (transformer/budget.py)
-    lr_schedule: str = "inverse-sqrt"  # inverse-sqrt | cosine (transformer/schedule.py)
-    peak_learning_rate: Optional[float] = None  # None: (d_model · warmup)^-0.5 (inverse-sqrt); required for cosine
-    warmup_steps: int = 4000
-    label_smoothing: float = 0.0
+    lr_schedule: str = "cosine"  # cosine | inverse-sqrt (transformer/schedule.py)
+    peak_learning_rate: Optional[float] = 1e-3  # None: (d_model · warmup)^-0.5 (inverse-sqrt only)
+    warmup_steps: int = 200
+    label_smoothing: float = 0.1
     bleu_sentences: int = 256  # validation pairs decoded for BLEU/chrF during training (0: off)
     bleu_every_steps: Optional[int] = None  # None: at the end of every epoch
     early_stop_patience: Optional[int] = None  # stop after N BLEU evaluations without a new best

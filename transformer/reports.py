@@ -336,6 +336,34 @@ class StepTimeReport:
     def steps_done(self) -> int:
         return sum(r.batches for r in self.records)
 
+    def continue_from_disk(self) -> int:
+        """Loads the rows and evaluations of an earlier report at `path` (a resumed run).
+
+        The resumed run then appends to them (step numbers continue) instead of overwriting
+        the earlier attempt's measurements; the earlier end state is kept in `run["attempts"]`.
+        Returns the number of rows loaded (0 when there is no readable earlier report).
+        """
+        if self.path is None or not self.path.exists():
+            return 0
+        try:
+            earlier = load_report(self.path)
+            rows = load_steps(self.path, earlier)
+        except (OSError, ValueError) as err:
+            print(f"warning: not continuing unreadable step-time report {self.path}: {err}")
+            return 0
+        fields = {f.name for f in dataclasses.fields(StepRecord)}
+        self.records = [StepRecord(**{k: v for k, v in row.items() if k in fields}) for row in rows]
+        self.evaluations = list(earlier.get("evaluations") or [])
+        self.peak_flops = self.peak_flops or earlier["summary"].get("peak_flops")
+        self.train_wall_s = earlier["summary"].get("total_wall_s")
+        self.created_at = earlier.get("created_at", self.created_at)
+        attempts = list(earlier.get("run", {}).get("attempts") or [])
+        attempts.append({"state": earlier["state"], "steps_done": earlier["steps_done"],
+                         "finished_at": earlier.get("finished_at"),
+                         "error": (earlier.get("error") or {}).get("type")})
+        self.run["attempts"] = attempts
+        return len(self.records)
+
     def add_step(self, record: StepRecord) -> None:
         self.records.append(record)
 

@@ -284,6 +284,8 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
         steps_planned = (config.train.planned_epochs * config.train.steps_per_epoch
                          if config.train.steps_per_epoch and config.train.time_budget_minutes is None else None)
         report = StepTimeReport(write_dir / "report.json", run=run_description(config), steps_planned=steps_planned)
+        if config.train.resume or backup:
+            report.continue_from_disk()  # a resumed run appends to its earlier measurements
         with report.guard():
             return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
                           report, extra_callbacks)

@@ -114,6 +114,7 @@ class ValidationBleu(keras.callbacks.Callback):
             "step": step,
             "epoch": epoch,
             "bleu": scores["bleu"],
+            "bleu_lowercase": scores["bleu_lowercase"],
             "chrf": scores["chrf"],
             "sentences": len(self.sources),
             "src_tokens_seen": tokens["src_tokens"],
