@@ -169,6 +169,13 @@ class TrainConfig:
             return self.epochs
         return 1 if self.time_budget_minutes is None else 1_000_000
 
+    @property
+    def planned_steps(self) -> Optional[int]:
+        """Optimizer steps the run plans: epochs × steps_per_epoch; None if unknown or time-budgeted."""
+        if self.steps_per_epoch is None or self.time_budget_minutes is not None:
+            return None
+        return self.planned_epochs * self.steps_per_epoch
+
     def validate(self) -> None:
         if self.device not in ("auto", "cpu", "gpu"):
             raise ValueError(f"train.device must be auto, cpu or gpu, got {self.device!r}")

@@ -281,9 +281,8 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     write_dir = role.write_dir(run_dir)
     try:
         write_dir.mkdir(parents=True, exist_ok=True)
-        steps_planned = (config.train.planned_epochs * config.train.steps_per_epoch
-                         if config.train.steps_per_epoch and config.train.time_budget_minutes is None else None)
-        report = StepTimeReport(write_dir / "report.json", run=run_description(config), steps_planned=steps_planned)
+        report = StepTimeReport(write_dir / "report.json", run=run_description(config),
+                                steps_planned=config.train.planned_steps)
         if config.train.resume or backup:
             report.continue_from_disk()  # a resumed run appends to its earlier measurements
         with report.guard():
@@ -319,8 +318,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
              strategy_name, replicas, replicas, report.run["batching"])
 
     budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
-    total_steps = (config.train.planned_epochs * config.train.steps_per_epoch
-                   if config.train.steps_per_epoch and budget_s is None else None)
+    total_steps = config.train.planned_steps
     if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
         total_steps = config.train.planned_epochs * count_batches(corpus, tokenizers, config, replicas)
         log.info("cosine schedule over %d planned steps (%d epochs)", total_steps, config.train.planned_epochs)
