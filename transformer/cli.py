@@ -11,7 +11,8 @@ import argparse
 import logging
 import os
 
-from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig
+from transformer.config import (DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig,
+                                parse_profile_steps)
 from transformer.presets import PRESETS
 
 
@@ -109,6 +110,17 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="on out-of-memory, restore the last checkpoint/backup and retry at half the batch")
     group.add_argument("--auto-batch-floor", type=int,
                        help="smallest --max-tokens (or --batch-size) --auto-batch goes down to")
+    group.add_argument("--profile-steps", type=_profile_steps, metavar="A:B",
+                       help="profile training steps A..B (1-based, inclusive) into the TensorBoard directory "
+                            "and add a device-time breakdown by op category to report.json")
+
+
+def _profile_steps(text: str) -> str:
+    try:
+        parse_profile_steps(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:

@@ -166,6 +166,31 @@ def markdown_table(runs: Sequence[Run], threshold_pct: float = DEFAULT_THRESHOLD
     return "\n".join(lines) + "\n"
 
 
+def profile_table(runs: Sequence[Run]) -> str:
+    """Markdown: each profiled run's device time by op category (% of device time), or "".
+
+    Reads the report's `profile` section (`--profile-steps`, transformer/profiling.py).
+    """
+    profiled = [run for run in runs if (run.report.get("profile") or {}).get("categories")]
+    if not profiled:
+        return ""
+    categories = list(profiled[0].report["profile"]["categories"])  # profiling.CATEGORIES, in order
+    header = ["Run", "Steps", "Device s/step", *(f"{c} %" for c in categories), "Top op type"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for run in profiled:
+        profile = run.report["profile"]
+        first, last = profile["steps"]
+        steps = profile.get("steps_profiled") or (last - first + 1)
+        shares = [_fmt(100 * profile["categories"].get(c, {}).get("share", 0.0), ".1f") for c in categories]
+        top = (profile.get("top_types") or [{}])[0]
+        top_text = f"{top['type']} ({100 * top['share']:.0f}%)" if top else MISSING
+        lines.append("| " + " | ".join([run.label, f"{first}-{last}", _fmt(profile["device_time_s"] / steps, ".3f"),
+                                         *shares, top_text]) + " |")
+    lines += ["", "Where the step time goes (`--profile-steps`): the profiled steps' kernel time by op "
+                  "category, in % of device time (transformer/profiling.py says what each category holds)."]
+    return "\n".join(lines) + "\n"
+
+
 def plot_step_times(runs: Sequence[Run], path: str | Path) -> Path:
     """Saves a PNG of steady-state step time (s) vs step, one line per run."""
     fig = Figure(figsize=(9, 4.5), layout="constrained")  # no pyplot: no global backend state
@@ -200,6 +225,9 @@ def compare(
         raise ValueError(f"compare needs at least 2 reports, got {len(paths)}")
     runs = load_runs(paths)
     table = markdown_table(runs, threshold_pct)
+    breakdown = profile_table(runs)
+    if breakdown:
+        table += "\n" + breakdown
     if markdown is not None:
         Path(markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown).write_text(table, encoding="utf-8")

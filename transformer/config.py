@@ -21,6 +21,18 @@ from typing import Any, Optional
 DEFAULT_TFDS_DATASET = "ted_hrlr_translate/pt_to_en"
 
 
+def parse_profile_steps(text: str) -> tuple[int, int]:
+    """`"A:B"` → (A, B): profile training steps A..B, 1-based and inclusive, 1 <= A <= B."""
+    first, sep, last = str(text).partition(":")
+    try:
+        first_step, last_step = int(first), int(last)
+    except ValueError:
+        raise ValueError(f"profile steps must be A:B with integers A <= B (e.g. 5:7), got {text!r}") from None
+    if not sep or first_step < 1 or last_step < first_step:
+        raise ValueError(f"profile steps must be A:B with 1 <= A <= B (e.g. 5:7), got {text!r}")
+    return first_step, last_step
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the parallel corpus comes from.
@@ -161,6 +173,7 @@ class TrainConfig:
     backup_every_steps: Optional[int] = None  # mid-epoch BackupAndRestore snapshots every N steps
     auto_batch: bool = False  # on out-of-memory: restore, halve the batch (down to the floor), continue
     auto_batch_floor: Optional[int] = None  # smallest max_tokens (or batch_size); None: training.py's default
+    profile_steps: Optional[str] = None  # "A:B": profile steps A..B (transformer/profiling.py)
 
     @property
     def planned_epochs(self) -> int:
@@ -206,6 +219,8 @@ class TrainConfig:
         strategies = ("auto", "one-device", "mirrored", "multi-worker", "tpu")
         if self.strategy not in strategies:
             raise ValueError(f"train.strategy must be one of {', '.join(strategies)}, got {self.strategy!r}")
+        if self.profile_steps is not None:
+            parse_profile_steps(self.profile_steps)
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",
                      "checkpoint_every_steps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:

@@ -320,6 +320,7 @@ class StepTimeReport:
         self.environment = environment if environment is not None else capture_environment()
         self.records: list[StepRecord] = []
         self.evaluations: list[dict] = []  # validation BLEU records (transformer/validation_bleu.py)
+        self.profile: Optional[dict] = None  # op breakdown of profiled steps (transformer/profiling.py)
         self.peak_flops: Optional[float] = None
         self.train_wall_s: Optional[float] = None
         self.state = "running"
@@ -392,6 +393,7 @@ class StepTimeReport:
             "summary": self.summary(),
             "tokens_seen": self.tokens_seen(),
             "evaluations": self.evaluations,
+            "profile": self.profile,
             "steps_csv": self.steps_csv.name if self.steps_csv else None,
             "created_at": self.created_at,
             "updated_at": _now(),

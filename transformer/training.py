@@ -47,13 +47,14 @@ import tensorflow as tf
 from transformer import distribute
 from transformer.backup import StepBackupAndRestore, snapshots
 from transformer.budget import TrainingClock
-from transformer.config import ModelConfig, PipelineConfig, RunConfig
+from transformer.config import ModelConfig, PipelineConfig, RunConfig, parse_profile_steps
 from transformer.data import load_corpus
 from transformer.devices import select_device, set_precision
 from transformer.flops import TransformerDims
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
 from transformer.pipeline import make_batches, tokenize_pairs
+from transformer.profiling import StepProfiler
 from transformer.reports import StepTimeReport, error_info
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.timing import BatchCounts, BatchTimer, batch_counts
@@ -344,9 +345,13 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         backup = StepBackupAndRestore(run_dir / BACKUP_DIR, save_freq=config.train.backup_every_steps or "epoch",
                                       steps_per_epoch=config.train.steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
     bleu = make_bleu_callback(config, corpus, tokenizers, write_dir, report, clock, strategy_name)
+    profiler = None
+    if config.train.profile_steps:
+        profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
     callbacks = [
         *([backup] if backup else []),
         timer,
+        *([profiler] if profiler else []),  # after the timer, which syncs the step
         clock,  # after the timer, which syncs the step
         EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps),
         keras.callbacks.TensorBoard(log_dir=str(write_dir / "tensorboard"), update_freq=50),

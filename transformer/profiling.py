@@ -1,0 +1,232 @@
+"""Where the step time goes: a TensorFlow profiler trace of steps A..B and its op breakdown.
+
+`--profile-steps A:B` (1-based training steps, inclusive, counted over the whole run) starts
+the TensorFlow profiler before step A and stops it after step B (`StepProfiler`, a Keras
+callback). The trace lands in the run's TensorBoard directory
+(`<run>/tensorboard/plugins/profile/<timestamp>/<host>.xplane.pb`, TensorBoard's Profile tab
+reads it) and `op_breakdown` turns it into the report's `profile` section.
+
+How time is counted. Inside a compiled (non-XLA) train step every TensorFlow op runs as a
+kernel on an executor thread and the profiler records one event per op execution, named
+`<name scope>/<op name>:<op type>`. "Device time" is the sum of these events' *self* time
+(an event's duration minus the op events nested in it) over all threads: the CPU (or GPU
+host-side) time spent in kernels. Ops on parallel inter-op threads overlap, so device time
+can exceed the steps' wall time; the shares are of device time. With `--xla` the step is one
+XLA cluster and the breakdown shows it as `other` (XlaLaunch): profile without XLA.
+
+Categories (first rule that matches wins; `CATEGORIES` keeps this order):
+    optimizer    ops under the optimizer's scope (`adam/`, `loss_scale_optimizer/`...)
+    loss         the loss and its gradient (`compile_loss/`, softmax cross-entropy ops)
+    matmul       MatMul / BatchMatMul / Einsum / Conv kernels (oneDNN `_Mkl*` and fused too)
+    cast         Cast ops anywhere (mixed precision's conversions)
+    dropout      dropout scopes and random-number ops
+    softmax      attention scores: scale, mask, softmax and their gradients (other
+                 elementwise ops of an attention layer, outside its projections)
+    layer_norm   ops under a `*norm*` scope (Keras LayerNormalization and its gradient)
+    embedding    embedding scopes and gather / segment-sum ops
+    other        everything else (bias, residual adds, activations, transposes, reshapes...)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Optional
+
+import keras
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = ("matmul", "softmax", "layer_norm", "dropout", "cast", "embedding", "loss", "optimizer", "other")
+TOP_OPS = 15
+
+_OP_EVENT = re.compile(r"^(?P<name>[A-Za-z0-9_.>/\-]+):(?P<type>[A-Za-z0-9_]+)$")
+_MATMUL_TYPES = re.compile(r"^_?(Mkl|Fused|MklFused|MklNative|MklNativeFused)*(MatMul|BatchMatMul(V2|V3)?|Einsum|Conv\w*)$")
+_OPTIMIZER_SCOPES = ("adam", "adamw", "sgd", "optimizer", "loss_scale_optimizer", "apply_gradients")
+_PROJECTIONS = ("query", "key", "value", "attention_output")
+
+
+def _scope(name: str) -> list[str]:
+    """Scope components of an op name, Keras' `_1` call-suffixes stripped (`query_1` → `query`)."""
+    return [re.sub(r"(_\d+)+$", "", part) for part in name.split("/")[:-1]]
+
+
+def categorize(op_name: str, op_type: str) -> str:
+    """The category (one of `CATEGORIES`) of one op, from its name scope and type."""
+    scope = _scope(op_name)
+    kind = op_type.lstrip("_")
+    if any(part in _OPTIMIZER_SCOPES for part in scope) or kind.startswith("ResourceApply"):
+        return "optimizer"
+    if "compile_loss" in scope or "CrossEntropyWithLogits" in kind:
+        return "loss"
+    if _MATMUL_TYPES.match(op_type):
+        return "matmul"
+    if kind == "Cast":
+        return "cast"
+    if any("dropout" in part for part in scope) or "Random" in kind:
+        return "dropout"
+    attention = [i for i, part in enumerate(scope) if part.endswith("attention")]
+    if attention and not any(part in _PROJECTIONS for part in scope[attention[-1] + 1:]):
+        return "softmax"
+    if "Softmax" in kind:
+        return "softmax"
+    if any("norm" in part for part in scope):
+        return "layer_norm"
+    if any("embedding" in part for part in scope) or kind.startswith(("Gather", "ResourceGather", "UnsortedSegment")):
+        return "embedding"
+    return "other"
+
+
+def _op_events(xspace) -> Iterable[tuple[str, str, int]]:
+    """(op name, op type, self time in picoseconds) of every op event in an XSpace."""
+    for plane in xspace.planes:
+        metadata = plane.event_metadata
+        for line in plane.lines:
+            ops = []
+            for event in line.events:
+                match = _OP_EVENT.match(metadata[event.metadata_id].name)
+                if match:
+                    ops.append((event.offset_ps, event.duration_ps, match["name"], match["type"]))
+            ops.sort(key=lambda op: (op[0], -op[1]))
+            stack: list[list] = []  # [end, self_ps, name, type] of open (enclosing) op events
+            for start, duration, name, op_type in ops:
+                while stack and stack[-1][0] <= start:
+                    _, self_ps, done_name, done_type = stack.pop()
+                    yield done_name, done_type, self_ps
+                if stack:
+                    stack[-1][1] -= duration  # nested: not the parent's own time
+                stack.append([start + duration, duration, name, op_type])
+            while stack:
+                _, self_ps, done_name, done_type = stack.pop()
+                yield done_name, done_type, self_ps
+
+
+def load_xspace(path: str | Path):
+    """Parses an `.xplane.pb` trace file (the profiler's XSpace protobuf)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    xspace = xplane_pb2.XSpace()
+    xspace.ParseFromString(Path(path).read_bytes())
+    return xspace
+
+
+def op_breakdown(xspace, top: int = TOP_OPS) -> dict:
+    """Device time of an XSpace by category, plus the top ops and op types.
+
+    Returns a JSON-ready dict: `device_time_s`, `categories` {name: {"seconds", "share"}}
+    (every category of `CATEGORIES`, shares of device time summing to 1), `top_ops` and
+    `top_types` (lists of {"name" and "category", or "type"; "seconds", "share"}, largest first).
+    """
+    by_category: dict[str, float] = defaultdict(float)
+    by_op: dict[tuple[str, str], float] = defaultdict(float)
+    by_type: dict[str, float] = defaultdict(float)
+    for name, op_type, self_ps in _op_events(xspace):
+        seconds = max(self_ps, 0) * 1e-12
+        by_category[categorize(name, op_type)] += seconds
+        by_op[(name, op_type)] += seconds
+        by_type[op_type] += seconds
+    total = sum(by_category.values())
+
+    def share(seconds: float) -> float:
+        return seconds / total if total else 0.0
+
+    def ranked(table: dict, key: str) -> list[dict]:
+        rows = sorted(table.items(), key=lambda item: -item[1])[:top]
+        return [{key: k, "seconds": v, "share": share(v)} if key == "type"
+                else {key: f"{k[0]}:{k[1]}", "category": categorize(*k), "seconds": v, "share": share(v)}
+                for k, v in rows]
+
+    return {
+        "device_time_s": total,
+        "categories": {c: {"seconds": by_category.get(c, 0.0), "share": share(by_category.get(c, 0.0))}
+                       for c in CATEGORIES},
+        "top_ops": ranked(by_op, "name"),
+        "top_types": ranked(by_type, "type"),
+    }
+
+
+def latest_trace(log_dir: str | Path, since: float = 0.0) -> Optional[Path]:
+    """Newest `.xplane.pb` under `log_dir/plugins/profile/` modified after `since`, or None."""
+    traces = [p for p in Path(log_dir).glob("plugins/profile/*/*.xplane.pb") if p.stat().st_mtime >= since]
+    return max(traces, key=lambda p: p.stat().st_mtime) if traces else None
+
+
+class StepProfiler(keras.callbacks.Callback):
+    """Profiles training steps `first..last` (1-based, inclusive) into `log_dir`.
+
+    At the end of step `last` (or of training, if it ends earlier) the trace is parsed and
+    `report.profile` is set to `op_breakdown(...)` plus the steps, their wall time and the
+    trace path; the report is written. Place it after `BatchTimer`, which syncs each step.
+
+    Args:
+        first, last: int. Steps to profile (see `config.parse_profile_steps`).
+        log_dir: str or Path. The run's TensorBoard directory.
+        report: `StepTimeReport` or None. Where the breakdown goes.
+    """
+
+    def __init__(self, first: int, last: int, log_dir: str | Path, report=None):
+        super().__init__()
+        self.first, self.last = first, last
+        self.log_dir = Path(log_dir)
+        self.report = report
+        self.result: Optional[dict] = None
+        self._step = 0
+        self._active = False
+        self._started_at = 0.0
+        self._started_wall = 0.0
+        self._profiled = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step += 1
+        if self._step == self.first and self.result is None:
+            import tensorflow as tf
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._started_wall = time.time()
+            tf.profiler.experimental.start(str(self.log_dir))
+            self._active = True
+            self._started_at = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._active:
+            self._profiled += 1
+            if self._step >= self.last:
+                self._stop()
+
+    def on_train_end(self, logs=None):
+        if self._active:
+            self._stop()
+
+    def _stop(self) -> None:
+        import tensorflow as tf
+
+        wall_s = time.perf_counter() - self._started_at
+        tf.profiler.experimental.stop()
+        self._active = False
+        trace = latest_trace(self.log_dir, since=self._started_wall - 1)
+        if trace is None:
+            self.result = {"steps": [self.first, self.first + self._profiled - 1], "error": "no trace written"}
+        else:
+            self.result = {
+                "steps": [self.first, self.first + self._profiled - 1],
+                "steps_profiled": self._profiled,
+                "wall_s": wall_s,
+                "trace": str(trace.relative_to(self.log_dir.parent)) if self.log_dir.parent in trace.parents
+                else str(trace),
+                **op_breakdown(load_xspace(trace)),
+            }
+        if "categories" in self.result:
+            log.info("profile of steps %d-%d (%s): device time %.2f s: %s", *self.result["steps"],
+                     self.result["trace"], self.result["device_time_s"], format_breakdown(self.result))
+        if self.report is not None:
+            self.report.profile = self.result
+            self.report.write()
+
+
+def format_breakdown(profile: dict) -> str:
+    """One line: `matmul 41% · softmax 12% · ...` (largest first), for logs."""
+    categories = sorted(profile["categories"].items(), key=lambda item: -item[1]["share"])
+    return " · ".join(f"{name} {100 * value['share']:.0f}%" for name, value in categories)
