@@ -1,4 +1,4 @@
-"""The Colab notebooks: stored clean, in sync with their generator, and running top to bottom.
+"""The Colab notebooks: stored clean, in sync with their percent-format sources, running top to bottom.
 
 Execution is headless with nbclient on the shared Bible corpus and a tiny configuration: the
 test inserts an `injected-parameters` cell right after the cell tagged `parameters` (what
@@ -13,8 +13,8 @@ machine has installed (a fresh `pip install -r requirements.txt` venv is enough)
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +27,9 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 NOTEBOOK_01 = "01_train_cpu_vs_gpu.ipynb"
 NOTEBOOK_02 = "02_translate_and_export.ipynb"
 NOTEBOOKS = (NOTEBOOK_01, NOTEBOOK_02)
+SOURCES = {name: name.replace(".ipynb", ".py") for name in NOTEBOOKS}  # jupytext percent format
+# Rewrites every .ipynb from its .py, keeping cell ids (and outputs, which are stored empty).
+REGENERATE = "jupytext --update --to ipynb notebooks/0*.py"
 CELL_TIMEOUT_S = 600
 
 # The corpus slice and vocabulary of the session tokenizers (conftest.bible_tokenizers): with
@@ -113,15 +116,54 @@ def test_committed_notebook_has_no_outputs_and_a_parameters_cell_first(name):
     assert notebook.metadata.kernelspec.name == "python3"
 
 
-def test_notebooks_are_generated_from_build_notebooks_py():
-    spec = importlib.util.spec_from_file_location("build_notebooks", NOTEBOOKS_DIR / "build_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert set(module.NOTEBOOKS) == set(NOTEBOOKS)
-    for name, build in module.NOTEBOOKS.items():
-        assert (NOTEBOOKS_DIR / name).read_text(encoding="utf-8") == module.render(build), (
-            f"{name} differs from notebooks/build_notebooks.py: edit the generator, then run "
-            "python notebooks/build_notebooks.py")
+def test_every_notebook_has_a_percent_source():
+    assert sorted(path.stem for path in NOTEBOOKS_DIR.glob("*.ipynb")) == \
+        sorted(path.stem for path in NOTEBOOKS_DIR.glob("*.py")) == sorted(Path(name).stem for name in NOTEBOOKS)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_generated_from_its_percent_source(name, tmp_path):
+    """The stored .ipynb is what REGENERATE writes from the .py: same cells, types, sources, tags
+    (the parameters cell) and Colab metadata, byte for byte (cell ids are kept by --update)."""
+    import jupytext
+    from jupytext.cli import jupytext as jupytext_cli
+
+    source = NOTEBOOKS_DIR / SOURCES[name]
+    hint = f"notebooks/{name} is out of sync with notebooks/{source.name} (the source to edit): run {REGENERATE}"
+    stored, text = _load(name), jupytext.read(source)
+    assert [(c.cell_type, c.source, c.metadata) for c in stored.cells] == \
+        [(c.cell_type, c.source, c.metadata) for c in text.cells], hint
+    for key in ("colab", "accelerator", "kernelspec", "language_info"):
+        assert stored.metadata.get(key) == text.metadata.get(key), f"metadata {key!r}: {hint}"
+    assert "colab" in stored.metadata
+
+    regenerated = tmp_path / name
+    shutil.copy(NOTEBOOKS_DIR / name, regenerated)
+    jupytext_cli(["--quiet", "--update", "--to", "ipynb", "--output", str(regenerated), str(source)])
+    assert regenerated.read_text(encoding="utf-8") == (NOTEBOOKS_DIR / name).read_text(encoding="utf-8"), hint
+
+
+def test_setup_paths_resolve_against_the_clone(tmp_path):
+    """The setup cell's paths: "auto" data is the Bible corpus next to a local clone (TFDS on
+    Colab or when absent), relative outputs and tokenizers live inside the clone."""
+    from transformer.notebook_setup import resolve_paths
+
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    local = resolve_paths(repo, in_colab=False, data_dir="auto", output_root="runs/nb", tokenizer_root=None,
+                          save_to_drive=False)
+    assert local.data_dir is None  # no ../shared corpus next to this clone
+    assert local.output_root == repo / "runs" / "nb" and local.output_root.is_dir()
+    assert local.tokenizer_root == repo / "runs" / "nb" / "tokenizers"
+    (tmp_path / "shared" / "data" / "bible-pt-en").mkdir(parents=True)
+    here = resolve_paths(repo, in_colab=False, data_dir="auto", output_root=tmp_path / "abs", tokenizer_root="tok",
+                         save_to_drive=True)  # Drive applies on Colab only
+    assert here.data_dir == str(tmp_path / "shared" / "data" / "bible-pt-en")
+    assert here.output_root == tmp_path / "abs" and here.tokenizer_root == repo / "tok"
+    colab = resolve_paths(repo, in_colab=True, data_dir="auto", output_root="out", tokenizer_root=None,
+                          save_to_drive=False)
+    assert colab.data_dir is None
+    assert resolve_paths(repo, False, "/my/corpus", "out", None, False).data_dir == "/my/corpus"
 
 
 def test_injection_rejects_unknown_parameters():
