@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from transformer import cli
-from transformer.config import ModelConfig, RunConfig
+from transformer.config import CorpusSpec, ModelConfig, RunConfig
 from transformer.versions import VersionMismatchError, check_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_flags_map_onto_the_config():
         "--resume", "--no-probe-peak", "--label", "exp",
     ])
     config = cli.run_config_from_args(args)
-    assert config.data.data_dir == "some/dir" and config.data.max_train_examples == 200
+    assert config.data.corpora == (CorpusSpec("some/dir"),) and config.data.max_train_examples == 200
     assert config.tokenizer.vocab_size == 1000 and config.tokenizer.lower_case is False
     assert config.tokenizer.root == "/tmp/tok"
     assert (config.model.num_layers, config.model.dropout_rate, config.model.head_width) == (2, 0.2, "paper")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 
-from transformer.config import (DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig,
-                                parse_profile_steps)
+from transformer.config import (CorpusSpec, DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
+                                TrainConfig, parse_profile_steps)
 from transformer.presets import PRESETS
 
 
@@ -26,13 +27,45 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument("--dataset", help=f"TFDS dataset name (default {DataConfig.dataset})")
     group.add_argument("--tfds-data-dir", help="TFDS data directory (manual downloads go in <dir>/downloads/manual)")
-    group.add_argument("--data", dest="data_dir", help="directory with train.pt/train.en[/validation.pt/validation.en]")
+    group.add_argument("--data", dest="corpora", action="append", type=parse_data_arg, metavar="PATH[:WEIGHT][,...]",
+                       help="local corpus: a directory with train.pt/train.en[/validation.pt/validation.en], or a "
+                            "file-pair prefix PATH (PATH.pt, PATH.en); repeat it or separate with commas to mix "
+                            "several, each with an optional sampling weight (default 1 = once per epoch); "
+                            "validation comes from the first directory that has one")
     group.add_argument("--train-src", help="training source file (one sentence per line)")
     group.add_argument("--train-tgt", help="training target file, line-aligned with --train-src")
     group.add_argument("--val-src", help="validation source file")
     group.add_argument("--val-tgt", help="validation target file")
     group.add_argument("--max-train-examples", type=int, help="use only the first N training pairs")
     group.add_argument("--max-val-examples", type=int, help="use only the first N validation pairs")
+
+
+def parse_data_arg(text: str) -> tuple[CorpusSpec, ...]:
+    """`--data` value → corpus specs: `PATH[:WEIGHT]`, several separated by commas.
+
+    A `:WEIGHT` suffix is read as a weight when it looks like a number; it must be > 0.
+    Raises argparse.ArgumentTypeError (argparse prints `error: argument --data: …`).
+    """
+    specs = []
+    for item in text.split(","):
+        path, weight = item.strip(), 1.0
+        head, sep, tail = path.rpartition(":")
+        if sep and head and not tail.startswith(("/", "\\")):
+            try:
+                weight = float(tail)
+            except ValueError:
+                if Path(path).exists():  # a path with a colon in it
+                    specs.append(CorpusSpec(path))
+                    continue
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: weight {tail!r} of {head!r} is not a number (PATH[:WEIGHT], e.g. {head}:0.5)") from None
+            path = head
+        if not path:
+            raise argparse.ArgumentTypeError(f"{text!r}: empty corpus path")
+        if not (0 < weight < float("inf")):
+            raise argparse.ArgumentTypeError(f"{text!r}: weight of {path!r} must be a positive number, got {tail}")
+        specs.append(CorpusSpec(path, weight))
+    return tuple(specs)
 
 
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +166,8 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     """Overrides `base` (default: the `--preset`, else RunConfig()) with every flag that was given."""
     base = base or PRESETS[getattr(args, "preset", None) or "default"]
     data = _pick(args, {f: f for f in DataConfig.__dataclass_fields__})
+    if data.get("corpora"):  # one tuple per --data flag → one tuple
+        data["corpora"] = tuple(spec for specs in data["corpora"] for spec in specs)
     tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root"})
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",

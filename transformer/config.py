@@ -34,17 +34,36 @@ def parse_profile_steps(text: str) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class CorpusSpec:
+    """One local corpus of a (weighted) mixture: `--data PATH[:WEIGHT]`.
+
+    path: a directory with `train.{src}`/`train.{tgt}` (and optionally `validation.*`), or a
+      file-pair prefix: `PATH.{src}` / `PATH.{tgt}` (e.g. `extra/train.blivre_nheb`).
+    weight: how often its pairs are drawn relative to its size: 1 = once per epoch, 0.5 =
+      half of them per epoch (a fresh random half each epoch), 2 = twice (transformer/mixing.py).
+    """
+
+    path: str
+    weight: float = 1.0
+
+    def __str__(self) -> str:  # as typed on the command line
+        return self.path if self.weight == 1.0 else f"{self.path}:{self.weight:g}"
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Where the parallel corpus comes from.
 
     Exactly one source is used, in this order of precedence: explicit files
-    (`train_src`/`train_tgt`/`val_src`/`val_tgt`), a directory of `{split}.pt`/`{split}.en`
-    files (`data_dir`), or the TFDS dataset `dataset`.
+    (`train_src`/`train_tgt`/`val_src`/`val_tgt`), local corpora (`corpora`, the `--data`
+    flags; or `data_dir`, one directory, as written by older config.json files and the Python
+    API), or the TFDS dataset `dataset`.
     """
 
     dataset: str = DEFAULT_TFDS_DATASET
     tfds_data_dir: Optional[str] = None
-    data_dir: Optional[str] = None
+    data_dir: Optional[str] = None  # one corpus directory: the same as corpora=(CorpusSpec(data_dir),)
+    corpora: tuple[CorpusSpec, ...] = ()  # several local corpora with sampling weights (--data)
     train_src: Optional[str] = None
     train_tgt: Optional[str] = None
     val_src: Optional[str] = None
@@ -54,10 +73,22 @@ class DataConfig:
     max_train_examples: Optional[int] = None  # take the first N training pairs (quick runs)
     max_val_examples: Optional[int] = None
 
+    @property
+    def local_corpora(self) -> tuple[CorpusSpec, ...]:
+        """The local corpora to mix: `corpora`, or `data_dir` as one corpus; () for TFDS/explicit files."""
+        return self.corpora or ((CorpusSpec(self.data_dir),) if self.data_dir else ())
+
     def validate(self) -> None:
         for name in ("max_train_examples", "max_val_examples"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"data.{name} must be > 0 (or unset for all), got {getattr(self, name)}")
+        if self.data_dir and self.corpora:
+            raise ValueError("data.data_dir and data.corpora are two ways to give the corpora: use one")
+        for spec in self.corpora:
+            if not spec.path:
+                raise ValueError("data.corpora: empty path")
+            if not (spec.weight > 0 and spec.weight < float("inf")):
+                raise ValueError(f"data.corpora: weight of {spec.path} must be a positive number, got {spec.weight}")
 
 
 @dataclass(frozen=True)
@@ -305,6 +336,12 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a JSON list (or a tuple) of X
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{key}: expected a list, got {value!r}")
+        item = typing.get_args(hint)[0]
+        return tuple(_from_dict(item, v, f"{key}[{i}]") if dataclasses.is_dataclass(item)
+                     else _check_type(v, item, f"{key}[{i}]") for i, v in enumerate(value))
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is bool and not isinstance(value, bool):

@@ -7,11 +7,17 @@ identifies the exact data (used to key tokenizer directories).
 Local files are validated up front and errors name the file and line: a missing file,
 unequal line counts, invalid UTF-8, an empty corpus. Pairs where either side is empty
 (after stripping) are dropped and counted.
+
+Several local corpora (`--data A --data B:0.5`, `DataConfig.corpora`) become a weighted
+`mixing.Mixture`: `train` is then one fixed epoch of it (the tokenizers learn from it) and
+`training_pairs` the mixture the training pipeline draws a fresh epoch from each time. The
+validation split comes from the first corpus (a directory) that has one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +25,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from transformer.config import DataConfig
+from transformer.config import CorpusSpec, DataConfig
+from transformer.mixing import LEARN_SEED, Mixture, MixturePart
 
 log = logging.getLogger(__name__)
 
@@ -44,34 +51,83 @@ class ParallelCorpus:
     num_train: Optional[int] = None  # None when unknown without a full pass (TFDS)
     num_validation: Optional[int] = None
     dropped_empty: int = 0
+    mixture: Optional[Mixture] = None  # local corpora: the weighted parts (train is one fixed epoch of it)
+
+    @property
+    def training_pairs(self):
+        """What the training pipeline reads: the `Mixture` (fresh draws each epoch), else `train`."""
+        return self.mixture if self.mixture is not None and not self.mixture.is_plain else self.train
 
 
 def load_corpus(config: DataConfig) -> ParallelCorpus:
-    """Loads the corpus that `config` selects (explicit files > data_dir > TFDS)."""
+    """Loads the corpus that `config` selects (explicit files > local corpora > TFDS)."""
     if any((config.train_src, config.train_tgt, config.val_src, config.val_tgt)):
         if not (config.train_src and config.train_tgt):
             raise CorpusError("--train-src and --train-tgt must be given together")
         if bool(config.val_src) != bool(config.val_tgt):
             raise CorpusError("--val-src and --val-tgt must be given together")
-        return _local_corpus(
-            Path(config.train_src), Path(config.train_tgt),
-            Path(config.val_src) if config.val_src else None,
-            Path(config.val_tgt) if config.val_tgt else None,
-            config,
-        )
-    if config.data_dir:
-        root = Path(config.data_dir)
-        if not root.is_dir():
-            raise CorpusError(f"--data directory not found: {root}")
-        val_src = root / f"validation.{config.src_lang}"
-        val_tgt = root / f"validation.{config.tgt_lang}"
-        has_val = val_src.exists() or val_tgt.exists()
-        return _local_corpus(
-            root / f"train.{config.src_lang}", root / f"train.{config.tgt_lang}",
-            val_src if has_val else None, val_tgt if has_val else None,
-            config,
-        )
+        val = (Path(config.val_src), Path(config.val_tgt)) if config.val_src else None
+        part = _read_part(Path(config.train_src).parent.name or "local", Path(config.train_src),
+                          Path(config.train_tgt), 1.0, config)
+        return _local_corpus([part], val, config)
+    if config.local_corpora:
+        return _mixed_corpus(config.local_corpora, config)
     return _tfds_corpus(config)
+
+
+def corpus_files(spec: CorpusSpec, src_lang: str = "pt", tgt_lang: str = "en") -> tuple[Path, Path, Optional[tuple]]:
+    """(train src, train tgt, (validation src, tgt) or None) of one `--data` corpus.
+
+    A directory holds `train.{src,tgt}` and optionally `validation.{src,tgt}`; any other path
+    is a file-pair prefix `PATH.{src}` / `PATH.{tgt}` (training pairs only).
+    """
+    root = Path(spec.path)
+    if root.is_dir():
+        val_src, val_tgt = root / f"validation.{src_lang}", root / f"validation.{tgt_lang}"
+        has_val = val_src.exists() or val_tgt.exists()
+        return root / f"train.{src_lang}", root / f"train.{tgt_lang}", (val_src, val_tgt) if has_val else None
+    src, tgt = Path(f"{spec.path}.{src_lang}"), Path(f"{spec.path}.{tgt_lang}")
+    if not (src.exists() or tgt.exists()):
+        raise CorpusError(f"--data {spec}: directory not found, and no file pair {src} / {tgt}")
+    return src, tgt, None
+
+
+def _mixed_corpus(specs: tuple[CorpusSpec, ...], config: DataConfig) -> ParallelCorpus:
+    """Local corpora mixed by weight (transformer/mixing.py); validation from the first that has one."""
+    parts, validation = [], None
+    for spec in specs:
+        train_src, train_tgt, val = corpus_files(spec, config.src_lang, config.tgt_lang)
+        try:
+            parts.append(_read_part(Path(spec.path).name or "local", train_src, train_tgt, spec.weight, config))
+        except CorpusError as err:
+            raise CorpusError(f"--data {spec}: {err}") from None
+        if val is not None and validation is None:
+            validation = val
+            if len(specs) > 1:
+                log.info("validation split: %s / %s (from --data %s)", *val, spec)
+        elif val is not None:
+            log.info("--data %s: its validation split is not used (validation comes from the first --data "
+                     "that has one)", spec)
+    return _local_corpus(parts, validation, config)
+
+
+@dataclass
+class _Part:
+    name: str
+    src: list
+    tgt: list
+    dropped: int
+    weight: float
+    fingerprint: str
+
+
+def _read_part(name: str, train_src: Path, train_tgt: Path, weight: float, config: DataConfig) -> _Part:
+    src, tgt, dropped = read_parallel_files(train_src, train_tgt)
+    src, tgt = src[: config.max_train_examples], tgt[: config.max_train_examples]
+    digest = hashlib.sha256()
+    for line in src + tgt:
+        digest.update(line.encode("utf-8") + b"\n")
+    return _Part(name, src, tgt, dropped, weight, digest.hexdigest())
 
 
 def read_parallel_files(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str], int]:
@@ -118,30 +174,35 @@ def _read_lines(path: Path) -> list[str]:
     return [line.rstrip("\r") for line in lines]
 
 
-def _local_corpus(
-    train_src: Path, train_tgt: Path, val_src: Optional[Path], val_tgt: Optional[Path], config: DataConfig
-) -> ParallelCorpus:
-    src, tgt, dropped = read_parallel_files(train_src, train_tgt)
-    src, tgt = src[: config.max_train_examples], tgt[: config.max_train_examples]
-    digest = hashlib.sha256()
-    for line in src + tgt:
-        digest.update(line.encode("utf-8") + b"\n")
+def _local_corpus(parts: list[_Part], val: Optional[tuple[Path, Path]], config: DataConfig) -> ParallelCorpus:
+    """The corpus of `parts`; one part of weight 1 is exactly that corpus (same fingerprint as ever)."""
+    mixture = Mixture(tuple(MixturePart(p.name, tf.data.Dataset.from_tensor_slices((p.src, p.tgt)), len(p.src),
+                                         p.weight) for p in parts))
+    if mixture.is_plain:
+        fingerprint = parts[0].fingerprint
+    else:  # the data and the weights: the vocabulary is learned from the weighted mixture
+        fingerprint = hashlib.sha256(json.dumps([[p.fingerprint, p.weight] for p in parts]).encode()).hexdigest()
+        for part in mixture.parts:
+            log.info("training corpus %s: %d pairs, weight %g → %d per epoch", part.name, part.size, part.weight,
+                     part.share)
+    dropped = sum(p.dropped for p in parts)
     validation, num_val = None, None
-    if val_src is not None:
-        vsrc, vtgt, vdropped = read_parallel_files(val_src, val_tgt)
+    if val is not None:
+        vsrc, vtgt, vdropped = read_parallel_files(*val)
         vsrc, vtgt = vsrc[: config.max_val_examples], vtgt[: config.max_val_examples]
         dropped += vdropped
         validation, num_val = tf.data.Dataset.from_tensor_slices((vsrc, vtgt)), len(vsrc)
     if dropped:
         log.warning("dropped %d sentence pairs with an empty side", dropped)
     return ParallelCorpus(
-        name=train_src.parent.name or "local",
-        fingerprint=digest.hexdigest(),
-        train=tf.data.Dataset.from_tensor_slices((src, tgt)),
+        name="+".join(p.name for p in parts),
+        fingerprint=fingerprint,
+        train=mixture.epoch(seed=LEARN_SEED, reshuffle=False),
         validation=validation,
-        num_train=len(src),
+        num_train=mixture.epoch_size,
         num_validation=num_val,
         dropped_empty=dropped,
+        mixture=mixture,
     )
 
 

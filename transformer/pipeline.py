@@ -28,18 +28,23 @@ from typing import Optional
 import tensorflow as tf
 
 from transformer.config import PipelineConfig
+from transformer.mixing import Mixture
 
 AUTOTUNE = tf.data.AUTOTUNE
 
 
-def make_batches(pairs: tf.data.Dataset, tokenizers, config: PipelineConfig, max_length: int,
+def make_batches(pairs: tf.data.Dataset | Mixture, tokenizers, config: PipelineConfig, max_length: int,
                  training: bool, seed: Optional[int] = None, replicas: int = 1) -> tf.data.Dataset:
     """Dispatches on `config.kind`; see the module docstring.
 
+    `pairs`: (src, tgt) string pairs, or a `mixing.Mixture` of weighted corpora (each epoch a
+    fresh draw; the optimized pipeline tokenizes and caches each part once, then mixes).
     `replicas`: batch sizes in `config` are per replica; every batch holds `replicas` times
     as many sentences (a global batch that tf.distribute splits into equal parts).
     """
     if config.kind == "naive":
+        if isinstance(pairs, Mixture):
+            pairs = pairs.epoch(seed, shuffle_buffer=config.shuffle_buffer)
         return naive_pipeline(pairs, tokenizers, config.batch_size * replicas, max_length, training,
                               config.shuffle_buffer, seed)
     return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, replicas=replicas)
@@ -107,7 +112,13 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
 
     `tokenized`: optional output of `tokenize_pairs` (to share one cache between runs).
     """
-    if tokenized is None:
+    if tokenized is None and isinstance(pairs, Mixture):
+        def tokenize_part(index, part_pairs):
+            cache = config.cache if config.cache == "memory" else f"{config.cache}.part{index}"
+            return tokenize_pairs(part_pairs, tokenizers, max_length, cache)
+
+        tokenized = pairs.epoch(seed, per_part=tokenize_part, shuffle_buffer=config.shuffle_buffer)
+    elif tokenized is None:
         tokenized = tokenize_pairs(pairs, tokenizers, max_length, config.cache)
     if training:
         tokenized = tokenized.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)

@@ -238,7 +238,8 @@ def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> d
         "xla": config.train.xla,
         "pipeline": pipeline.kind,
         "batching": batching,
-        "dataset": config.data.data_dir or config.data.train_src or config.data.dataset,
+        "dataset": (" ".join(map(str, config.data.local_corpora)) or config.data.train_src
+                    or config.data.dataset),
         "config": config.to_dict(),
     }
 
@@ -469,7 +470,8 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
             return make_batches(pairs, tokenizers, config.pipeline, max_length, training=training,
                                 seed=config.train.seed if training else None, replicas=replicas)
 
-    train_batches = distribute.shard_input(batches(corpus.train, True))
+    train_pairs = corpus.train if strategy_name == "tpu" else corpus.training_pairs  # TPU: one fixed epoch
+    train_batches = distribute.shard_input(batches(train_pairs, True))
     if config.train.steps_per_epoch:
         train_batches = train_batches.repeat()
     val_batches = None
