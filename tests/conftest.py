@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+# "--mixed-precision auto" resolves to float32 in tests, whatever the CPU (AMX Xeon, EPYC with
+# avx512_bf16, or none): runs stay identical across CI machines. tests/test_precision.py unpins it.
+os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 
 import pytest  # noqa: E402
 

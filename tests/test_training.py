@@ -147,6 +147,7 @@ def run_config(bible_tokenizers, output_dir, validation=True, **train) -> RunCon
         model=ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.1, max_length=32),
         pipeline=PipelineConfig(max_tokens=512),
         train=TrainConfig(**{"epochs": 2, "steps_per_epoch": 3, "probe_peak": False, "verbose": 0,
+                             "mixed_precision": "off", "xla": False,
                              "lr_schedule": "inverse-sqrt", "warmup_steps": 10, "output_dir": str(output_dir),
                              **train}),
     )

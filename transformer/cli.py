@@ -126,8 +126,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--warmup-steps", type=int)
     group.add_argument("--label-smoothing", type=float)
     group.add_argument("--device", choices=["auto", "cpu", "gpu"])
-    group.add_argument("--mixed-precision", choices=["off", "float16", "bfloat16"])
-    group.add_argument("--xla", action=argparse.BooleanOptionalAction, default=None, help="jit_compile the train step")
+    group.add_argument("--mixed-precision", choices=["auto", "off", "float16", "bfloat16"],
+                       help="Keras mixed precision (default auto: decided from the device and a short probe, "
+                            "see transformer/precision.py)")
+    group.add_argument("--xla", nargs="?", const="on", choices=["auto", "on", "off"],
+                       help="jit_compile the train step: --xla (= on), --no-xla (= off), --xla auto (default: "
+                            "on for GPUs with the optimized pipeline, off on CPU)")
+    group.add_argument("--no-xla", dest="xla", action="store_const", const="off", help="same as --xla off")
     group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
     group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
     group.add_argument("--verbose", type=int, choices=[0, 1, 2])
@@ -156,6 +161,9 @@ def _profile_steps(text: str) -> str:
     return text
 
 
+XLA_CHOICES = {"on": True, "off": False, "auto": None}  # --xla value → TrainConfig.xla
+
+
 def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:
     """{config field: value} for the flags that were given (not None)."""
     return {field: getattr(args, dest) for field, dest in names.items()
@@ -176,4 +184,6 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     if pipeline.get("max_tokens") == 0:
         pipeline["max_tokens"] = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})
+    if "xla" in train:
+        train["xla"] = XLA_CHOICES[train["xla"]]
     return base.replace(data=data, tokenizer=tokenizer, model=model, pipeline=pipeline, train=train).validate()

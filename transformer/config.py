@@ -193,8 +193,8 @@ class TrainConfig:
     checkpoint_every_steps: Optional[int] = None  # also checkpoint every N steps (not only per epoch)
     keep_checkpoints: int = 5  # latest checkpoints kept (checkpoint averaging reads them)
     device: str = "auto"  # auto | cpu | gpu
-    mixed_precision: str = "off"  # off | float16 | bfloat16
-    xla: bool = False
+    mixed_precision: str = "auto"  # auto | off | float16 | bfloat16 (auto: transformer/precision.py)
+    xla: Optional[bool] = None  # None: auto (transformer/precision.py); True/False: --xla/--no-xla
     output_dir: str = "runs/latest"
     resume: bool = False
     verbose: int = 1
@@ -223,9 +223,9 @@ class TrainConfig:
     def validate(self) -> None:
         if self.device not in ("auto", "cpu", "gpu"):
             raise ValueError(f"train.device must be auto, cpu or gpu, got {self.device!r}")
-        if self.mixed_precision not in ("off", "float16", "bfloat16"):
+        if self.mixed_precision not in ("auto", "off", "float16", "bfloat16"):
             raise ValueError(
-                f"train.mixed_precision must be off, float16 or bfloat16, got {self.mixed_precision!r}"
+                f"train.mixed_precision must be auto, off, float16 or bfloat16, got {self.mixed_precision!r}"
             )
         if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"train.epochs must be > 0, got {self.epochs}")

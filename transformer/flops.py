@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -132,6 +132,38 @@ def _compute_dtype(dtype: str) -> tf.DType:
     return tf.as_dtype(dtype.removeprefix("mixed_"))
 
 
+def matmul_chain_timer(dtype: str = "float32", device: str | None = None,
+                       size: int | None = None) -> Callable[[int], float]:
+    """A warmed-up timer of chains of square `size`² matmuls in `dtype` on `device`.
+
+    Returns `timed(iters)`: the seconds one chain of `iters` matmuls takes (each matmul is
+    2·size³ FLOPs). Tracing, compilation and allocator warm-up happen here, not in `timed`.
+    """
+    device = device or default_device()
+    size = size or (2048 if "GPU" in device.upper() else 1024)
+    tf_dtype = _compute_dtype(dtype)
+
+    with tf.device(device):
+        # Scaled so a chain of products keeps roughly unit magnitude (no inf/denormals).
+        a = tf.cast(tf.random.normal([size, size], seed=1), tf_dtype)
+        b = tf.cast(tf.random.normal([size, size], seed=2) / size**0.5, tf_dtype)
+
+    @tf.function
+    def chain(x: tf.Tensor, iters: tf.Tensor) -> tf.Tensor:
+        for _ in tf.range(iters):
+            x = tf.matmul(x, b)
+        return x[0, 0]  # a scalar to fetch: fetching it waits for the whole chain
+
+    def timed(iters: int) -> float:
+        with tf.device(device):
+            start = time.perf_counter()
+            float(chain(a, tf.constant(iters)))
+            return time.perf_counter() - start
+
+    timed(1)  # trace + compile + allocator warm-up
+    return timed
+
+
 def measure_peak_flops(
     dtype: str = "float32",
     device: str | None = None,
@@ -152,26 +184,8 @@ def measure_peak_flops(
     """
     device = device or default_device()
     size = size or (2048 if "GPU" in device.upper() else 1024)
-    tf_dtype = _compute_dtype(dtype)
-
-    with tf.device(device):
-        # Scaled so a chain of products keeps roughly unit magnitude (no inf/denormals).
-        a = tf.cast(tf.random.normal([size, size], seed=1), tf_dtype)
-        b = tf.cast(tf.random.normal([size, size], seed=2) / size**0.5, tf_dtype)
-
-        @tf.function
-        def chain(x: tf.Tensor, iters: tf.Tensor) -> tf.Tensor:
-            for _ in tf.range(iters):
-                x = tf.matmul(x, b)
-            return x[0, 0]  # a scalar to fetch: fetching it waits for the whole chain
-
-        def timed(iters: int) -> float:
-            start = time.perf_counter()
-            float(chain(a, tf.constant(iters)))
-            return time.perf_counter() - start
-
-        timed(1)  # trace + compile + allocator warm-up
-        per_matmul = timed(4) / 4
-        iters = max(1, int(seconds / max(per_matmul, 1e-9)))
-        elapsed = timed(iters)
+    timed = matmul_chain_timer(dtype, device, size)
+    per_matmul = timed(4) / 4
+    iters = max(1, int(seconds / max(per_matmul, 1e-9)))
+    elapsed = timed(iters)
     return 2.0 * size**3 * iters / elapsed

@@ -54,6 +54,7 @@ from transformer.flops import TransformerDims
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
 from transformer.pipeline import make_batches, tokenize_pairs
+from transformer.precision import decide_precision
 from transformer.profiling import StepProfiler
 from transformer.reports import StepTimeReport, error_info
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
@@ -300,6 +301,11 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     device = select_device(config.train.device)
     strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
     replicas = int(strategy.num_replicas_in_sync)
+    decision = decide_precision(config.train.mixed_precision, config.train.xla,
+                                "tpu" if strategy_name == "tpu" else device, config.pipeline.kind)
+    log.info("%s", decision.summary())
+    report.run["precision_decision"] = decision.to_dict()
+    config = config.replace(train={"mixed_precision": decision.mixed_precision, "xla": decision.xla})
     policy = set_precision(config.train.mixed_precision, device)
     keras.utils.set_random_seed(config.train.seed)
 
