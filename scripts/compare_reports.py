@@ -21,7 +21,7 @@ def main(argv=None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("reports", nargs="+", type=Path, help="report JSON files; the first is the baseline")
-    parser.add_argument("--plot", type=Path, help="save a PNG of step time vs step here")
+    parser.add_argument("--plot", type=Path, help="save a PNG of tokens/s and step time vs step here")
     parser.add_argument("--markdown", type=Path, help="save the Markdown table here")
     parser.add_argument(
         "--threshold",

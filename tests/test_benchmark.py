@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_compare import write_report
+from transformer import benchmark
 from transformer.benchmark import Cell, make_cells
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +26,34 @@ def test_cells_cross_levers_and_use_the_batch_unit_of_their_pipeline():
     optimized = Cell("optimized", "off", False, 4096).train_args()
     assert optimized[optimized.index("--max-tokens") + 1] == "4096" and "--no-xla" in optimized
     assert len({c.label for c in cells}) == len(cells)
+
+
+def test_auto_cells_and_width_sweep_pass_their_flags():
+    cells = make_cells(["optimized"], ["auto", "off"], [None, False], [64], [2048, 8192], d_models=[128, 256])
+    assert len(cells) == 2 * 2 * 2 * 2 and len({c.label for c in cells}) == len(cells)
+    auto = Cell("optimized", "auto", None, 2048, 256)
+    assert auto in cells and auto.label == "optimized-auto-xlaauto-2048tok-d256"
+    args = auto.train_args()
+    assert args[args.index("--mixed-precision") + 1] == "auto" and args[args.index("--xla") + 1] == "auto"
+    assert args[args.index("--d-model") + 1] == "256" and args[args.index("--dff") + 1] == "1024"
+    assert "--d-model" not in Cell("optimized", "off", False, 2048).train_args()  # width from the model flags
+
+
+def test_a_single_cell_prints_its_tables(tmp_path, monkeypatch):
+    """One cell used to be an error ("only 1 cell(s) produced a report"); now it gets its tables."""
+
+    def fake_run_cell(cell, output_root, common_args, timeout_s=None):  # the training itself is tested below
+        return write_report(output_root / cell.label / "report.json", cell.label, step_s=0.5, wait_s=0.0)
+
+    monkeypatch.setattr(benchmark, "run_cell", fake_run_cell)
+    cell = Cell("optimized", "auto", None, 2048)
+    table = benchmark.run_matrix([cell], tmp_path / "bench", [])
+    assert f"| {cell.label} |" in table and "| 1.00x | 1.00x |" in table
+    assert "Tgt tokens/s (real)" in (tmp_path / "bench" / "sweep.md").read_text()
+    assert (tmp_path / "bench" / "comparison.png").stat().st_size > 1000
+    monkeypatch.setattr(benchmark, "run_cell", lambda cell, root, *args: root / "absent" / "report.json")
+    with pytest.raises(RuntimeError, match="no cell produced a report"):
+        benchmark.run_matrix([cell], tmp_path / "none", [])
 
 
 @pytest.mark.skipif(not BIBLE.is_dir(), reason=f"shared corpus not found at {BIBLE}")
@@ -47,3 +77,5 @@ def test_two_cell_matrix_writes_one_report_per_cell_and_a_comparison(tmp_path):
     table = (out / "comparison.md").read_text()
     assert "naive-off-noxla-16sent" in table and "optimized-off-noxla-512tok" in table
     assert (out / "comparison.png").stat().st_size > 1000
+    sweep = (out / "sweep.md").read_text()
+    assert "naive-off-noxla-16sent" in sweep and "Utilisation" in sweep

@@ -191,22 +191,31 @@ def profile_table(runs: Sequence[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_step_times(runs: Sequence[Run], path: str | Path) -> Path:
-    """Saves a PNG of steady-state step time (s) vs step, one line per run."""
-    fig = Figure(figsize=(9, 4.5), layout="constrained")  # no pyplot: no global backend state
-    ax = fig.add_subplot()
+def plot_speed(runs: Sequence[Run], path: str | Path) -> Path:
+    """Saves a PNG: real target tokens/s per step (top) and step time (bottom), one line per run.
+
+    Tokens/s is the comparable figure when runs use different batch sizes; step time alone
+    would favour the smaller batch. Warm-up steps are left out.
+    """
+    fig = Figure(figsize=(9, 7), layout="constrained")  # no pyplot: no global backend state
+    rate_ax, time_ax = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     for run in runs:
         rows = [row for row in run.steps if not row.get("warmup")]
-        ax.plot([row["step"] for row in rows], [row["step_s"] for row in rows], label=run.label, lw=1)
-    medians = [run.summary.get("median_step_s") for run in runs]
-    medians = [m for m in medians if m]
+        steps = [row["step"] for row in rows]
+        rates = [row.get("tgt_tokens_per_s") for row in rows]
+        rate_ax.plot(steps, [float("nan") if r is None else r for r in rates], label=run.label, lw=1)
+        time_ax.plot(steps, [row["step_s"] for row in rows], label=run.label, lw=1)
+    medians = [m for m in (run.summary.get("median_step_s") for run in runs) if m]
     if medians and max(medians) > 10 * min(medians):
-        ax.set_yscale("log")  # runs an order of magnitude apart stay readable
-    ax.set_xlabel("step")
-    ax.set_ylabel("step time (s)")
-    ax.set_title("Step time (warm-up steps excluded)")
-    ax.grid(alpha=0.3)
-    ax.legend()
+        time_ax.set_yscale("log")  # runs an order of magnitude apart stay readable
+    rate_ax.set_ylabel("real target tokens/s")
+    rate_ax.set_ylim(bottom=0)
+    rate_ax.set_title("Training speed per step (warm-up steps excluded)")
+    time_ax.set_ylabel("step time (s)")
+    time_ax.set_xlabel("step")
+    for ax in (rate_ax, time_ax):
+        ax.grid(alpha=0.3)
+    rate_ax.legend()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -220,9 +229,9 @@ def compare(
     markdown: str | Path | None = None,
     threshold_pct: float = DEFAULT_THRESHOLD_PCT,
 ) -> str:
-    """Loads 2+ reports, returns the Markdown table; optionally saves it and the PNG plot."""
-    if len(paths) < 2:
-        raise ValueError(f"compare needs at least 2 reports, got {len(paths)}")
+    """Loads 1+ reports, returns the Markdown table; optionally saves it and the PNG plot."""
+    if not paths:
+        raise ValueError("compare needs at least 1 report")
     runs = load_runs(paths)
     table = markdown_table(runs, threshold_pct)
     breakdown = profile_table(runs)
@@ -232,5 +241,5 @@ def compare(
         Path(markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(markdown).write_text(table, encoding="utf-8")
     if plot is not None:
-        plot_step_times(runs, plot)
+        plot_speed(runs, plot)
     return table
