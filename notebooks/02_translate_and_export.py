@@ -152,8 +152,9 @@ import shutil
 import keras
 
 from transformer.config import DataConfig, ModelConfig, RunConfig, TokenizerConfig, TrainConfig
-from transformer.training import CONFIG_FILE, train
-from transformer.translator import DecodeConfig, translator_from_run
+from transformer.rundir import CONFIG_FILE, translator_from_run
+from transformer.training import train
+from transformer.translator import DecodeConfig
 
 if RUN_DIR is None:
     import tensorflow as tf

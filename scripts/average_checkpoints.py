@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     parser.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
     args = parser.parse_args(argv)
     cli.quiet_tensorflow()
-    from transformer.averaging import average_checkpoints
+    from transformer.rundir import average_checkpoints
 
     try:
         prefix = average_checkpoints(args.run, args.last)

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     cli.quiet_tensorflow()
 
     from transformer.evaluation import evaluate, load_eval_split, save_report
-    from transformer.translator import open_translator
+    from transformer.export import open_translator
 
     sources, references = load_eval_split(
         src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     config = decode_config_from_args(args)
 
     from transformer.export import export_translator
-    from transformer.translator import translator_from_run
+    from transformer.rundir import translator_from_run
 
     translator = translator_from_run(args.run, config, args.checkpoint)
     path = export_translator(translator, args.output, overwrite=args.overwrite,

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.quiet_tensorflow()
 
-    from transformer.translator import open_translator
+    from transformer.export import open_translator
 
     sentences = read_sentences(args)
     translator = open_translator(args.model, decode_config_from_args(args), args.checkpoint)

@@ -85,7 +85,7 @@ def equivalence(out: Path) -> None:
     import tensorflow as tf
 
     from transformer.losses import MaskedSparseCrossEntropy
-    from transformer.tokenizer import PAD_ID
+    from transformer.constants import PAD_ID
 
     class PerReplicaMean(keras.losses.Loss):
         """The bug the project's loss avoids: each replica divides by its own token count."""
@@ -147,7 +147,7 @@ def save_loop(directory: Path, verify_only: bool) -> None:
     import numpy as np
 
     from transformer.backup import StepBackupAndRestore
-    from transformer.training import RunCheckpoints
+    from transformer.rundir import RunCheckpoints
 
     model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024), keras.layers.Dense(512)])  # ~4 MB
     model.compile(keras.optimizers.Adam(), "mse")

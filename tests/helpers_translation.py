@@ -29,7 +29,7 @@ def tiny_model(src_vocab_size: int = 40, tgt_vocab_size: int = 48, max_length: i
     """A built, randomly initialised Transformer (2 layers, d_model 16, 2 heads, no dropout).
 
     head_width "tutorial" decodes with the input cache, "paper" with the key/value cache."""
-    from transformer.training import build_model
+    from transformer.rundir import build_model
 
     keras.utils.set_random_seed(seed)
     config = ModelConfig(num_layers=num_layers, d_model=d_model, num_heads=2, dff=32, dropout_rate=0.0,

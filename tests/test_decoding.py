@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from helpers_translation import tiny_model
 from transformer import decoding
-from transformer.tokenizer import END_ID, PAD_ID, START_ID
+from transformer.constants import END_ID, PAD_ID, START_ID
 
 MAX_STEPS = 20
 SRC_SPEC = [tf.TensorSpec([None, None], tf.int32)]  # one trace for every source shape

@@ -436,7 +436,7 @@ def test_partially_written_newer_snapshot_and_checkpoint_fall_back_to_the_previo
     import tensorflow as tf
 
     from transformer.backup import METADATA_FILE, WEIGHTS_FILE, StepBackupAndRestore, snapshots
-    from transformer.training import RunCheckpoints
+    from transformer.rundir import RunCheckpoints
 
     def make():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])

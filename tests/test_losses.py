@@ -6,7 +6,7 @@ import pytest
 
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.schedule import WarmupInverseSqrt
-from transformer.tokenizer import PAD_ID
+from transformer.constants import PAD_ID
 
 VOCAB = 11
 

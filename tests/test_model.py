@@ -9,7 +9,7 @@ import tensorflow as tf
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
 from transformer.schedule import WarmupInverseSqrt
-from transformer.tokenizer import PAD_ID
+from transformer.constants import PAD_ID
 
 BATCH, SRC_LEN, TGT_LEN = 3, 7, 6
 

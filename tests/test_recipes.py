@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 
 from transformer import cli
-from transformer.averaging import average_checkpoints
 from transformer.config import ModelConfig, RunConfig
 from transformer.presets import PRESETS
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
-from transformer.training import CONFIG_FILE, RunCheckpoints, build_model, compile_model, load_trained_model, train
+from transformer.rundir import CONFIG_FILE, RunCheckpoints, average_checkpoints, build_model, load_trained_model
+from transformer.training import compile_model, train
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 
 from tests.test_training import run_config, tokenizers_reused

@@ -13,8 +13,9 @@ import pytest
 
 from transformer.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
 from transformer.pipeline import bucket_boundaries, make_batches, padded_lengths
-from transformer.tokenizer import END_ID, PAD_ID, START_ID
-from transformer.training import CONFIG_FILE, build_model, compile_model, load_trained_model, train
+from transformer.constants import END_ID, PAD_ID, START_ID
+from transformer.rundir import CONFIG_FILE, build_model, load_trained_model
+from transformer.training import compile_model, train
 
 MAX_LENGTH = 20  # deliberately not a multiple of the bucket width (8)
 
@@ -240,7 +241,7 @@ def test_resume_continues_the_step_count(bible_tokenizers, fresh_run, tmp_path):
 
 def test_checkpoint_restore_gives_back_the_weights(bible_tokenizers, tmp_path):
     """RunCheckpoints round trip without fitting: restored weights and step equal the saved ones."""
-    from transformer.training import RunCheckpoints
+    from transformer.rundir import RunCheckpoints
 
     config = run_config(bible_tokenizers, tmp_path)
     model_config = ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32, max_length=16,

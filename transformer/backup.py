@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import keras
+
+from transformer import atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,6 @@ def read_metadata(snapshot: Path) -> dict:
     """{"epoch", "batches_done", "step"} of a snapshot; raises OSError/ValueError/KeyError when unreadable."""
     metadata = json.loads((snapshot / METADATA_FILE).read_text())
     return {key: int(metadata[key]) for key in ("epoch", "batches_done", "step")}
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -157,18 +149,10 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
     def _save_snapshot(self, epoch: int, batches_done: int) -> Path:
         """Writes weights + metadata to a temp directory, then renames it into place."""
         step = self._step()
-        self.write_path.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".tmp-snapshot-", dir=self.write_path))
-        self.model.save_weights(str(staging / WEIGHTS_FILE))
-        metadata = {"epoch": epoch, "batches_done": batches_done, "step": step}
-        (staging / METADATA_FILE).write_text(json.dumps(metadata) + "\n")
-        for path in (staging / WEIGHTS_FILE, staging / METADATA_FILE, staging):
-            _fsync(path)
-        final = self.write_path / f"snapshot-{step:012d}-{epoch:06d}"
-        if final.exists():  # the same state saved again (a retry at the same step)
-            shutil.rmtree(final)
-        os.rename(staging, final)
-        _fsync(self.write_path)
+        final = self.write_path / f"snapshot-{step:012d}-{epoch:06d}"  # replaced if the same state is saved again
+        with atomic.staged_directory(final, prefix=".tmp-snapshot-", durable=True) as staging:
+            self.model.save_weights(str(staging / WEIGHTS_FILE))
+            atomic.write_json(staging / METADATA_FILE, {"epoch": epoch, "batches_done": batches_done, "step": step})
         self._last_saved_step = step
         self._prune(keep=final)
         return final

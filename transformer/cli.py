@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformer.config import (CorpusSpec, DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
                                 TrainConfig, parse_profile_steps)
+from transformer.constants import DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES, XLA_MODES
 from transformer.presets import PRESETS
 
 
@@ -85,14 +86,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-heads", type=int)
     group.add_argument("--dff", type=int)
     group.add_argument("--dropout", dest="dropout_rate", type=float)
-    group.add_argument("--head-width", choices=["tutorial", "paper"],
+    group.add_argument("--head-width", choices=HEAD_WIDTHS,
                        help="tutorial: key_dim = d_model; paper: key_dim = d_model / heads")
     group.add_argument("--max-length", type=int, help="max tokens per sentence (longer ones are truncated)")
 
 
 def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("input pipeline")
-    group.add_argument("--pipeline", dest="pipeline_kind", choices=["optimized", "naive"])
+    group.add_argument("--pipeline", dest="pipeline_kind", choices=PIPELINE_KINDS)
     group.add_argument("--batch-size", type=int, help="sentences per batch (naive pipeline, or optimized with --max-tokens 0)")
     group.add_argument("--max-tokens", type=int, help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
     group.add_argument("--bucket-width", type=int,
@@ -109,7 +110,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--epochs", type=int, help="epochs (default 1; with --time-budget: until the budget is spent)")
     group.add_argument("--time-budget", dest="time_budget_minutes", type=float, metavar="MINUTES",
                        help="train until this much training time is spent, then checkpoint and stop")
-    group.add_argument("--lr-schedule", choices=["inverse-sqrt", "cosine"],
+    group.add_argument("--lr-schedule", choices=LR_SCHEDULES,
                        help="inverse-sqrt (paper/tutorial) or cosine decay over the planned run / time budget")
     group.add_argument("--peak-lr", dest="peak_learning_rate", type=float,
                        help="learning rate at the end of warmup (inverse-sqrt default: (d_model*warmup)^-0.5)")
@@ -125,11 +126,11 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int)
     group.add_argument("--warmup-steps", type=int)
     group.add_argument("--label-smoothing", type=float)
-    group.add_argument("--device", choices=["auto", "cpu", "gpu"])
-    group.add_argument("--mixed-precision", choices=["auto", "off", "float16", "bfloat16"],
+    group.add_argument("--device", choices=DEVICES)
+    group.add_argument("--mixed-precision", choices=PRECISIONS,
                        help="Keras mixed precision (default auto: decided from the device and a short probe, "
                             "see transformer/precision.py)")
-    group.add_argument("--xla", nargs="?", const="on", choices=["auto", "on", "off"],
+    group.add_argument("--xla", nargs="?", const="on", choices=XLA_MODES,
                        help="jit_compile the train step: --xla (= on), --no-xla (= off), --xla auto (default: "
                             "on for GPUs with the optimized pipeline, off on CPU)")
     group.add_argument("--no-xla", dest="xla", action="store_const", const="off", help="same as --xla off")
@@ -139,7 +140,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label", help="name of this run in step-time reports (default: --output's name)")
     group.add_argument("--no-probe-peak", dest="probe_peak", action="store_false", default=None,
                        help="skip the ~1 s matmul probe that measures peak FLOP/s for utilisation")
-    group.add_argument("--strategy", choices=["auto", "one-device", "mirrored", "multi-worker", "tpu"],
+    group.add_argument("--strategy", choices=STRATEGIES,
                        help="tf.distribute strategy (default auto: multi-worker if TF_CONFIG has a cluster, "
                             "mirrored if >1 GPU, else one device); batch flags are per replica")
     group.add_argument("--backup-every-steps", type=int,

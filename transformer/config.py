@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from transformer import atomic
+from transformer.constants import (DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES,
+                                   one_of)
+
 DEFAULT_TFDS_DATASET = "ted_hrlr_translate/pt_to_en"
 
 
@@ -133,8 +137,8 @@ class ModelConfig:
         return self.d_model if self.head_width == "tutorial" else self.d_model // self.num_heads
 
     def validate(self) -> None:
-        if self.head_width not in ("tutorial", "paper"):
-            raise ValueError(f"model.head_width must be 'tutorial' or 'paper', got {self.head_width!r}")
+        if self.head_width not in HEAD_WIDTHS:
+            raise ValueError(f"model.head_width must be {one_of(HEAD_WIDTHS)}, got {self.head_width!r}")
         if self.head_width == "paper" and self.d_model % self.num_heads:
             raise ValueError(
                 f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
@@ -164,8 +168,8 @@ class PipelineConfig:
     bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
 
     def validate(self) -> None:
-        if self.kind not in ("optimized", "naive"):
-            raise ValueError(f"pipeline.kind must be 'optimized' or 'naive', got {self.kind!r}")
+        if self.kind not in PIPELINE_KINDS:
+            raise ValueError(f"pipeline.kind must be {one_of(PIPELINE_KINDS)}, got {self.kind!r}")
         if self.batch_size <= 0:
             raise ValueError(f"pipeline.batch_size must be > 0, got {self.batch_size}")
         if self.max_tokens is not None and self.max_tokens <= 0:
@@ -221,18 +225,16 @@ class TrainConfig:
         return self.planned_epochs * self.steps_per_epoch
 
     def validate(self) -> None:
-        if self.device not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"train.device must be auto, cpu or gpu, got {self.device!r}")
-        if self.mixed_precision not in ("auto", "off", "float16", "bfloat16"):
-            raise ValueError(
-                f"train.mixed_precision must be auto, off, float16 or bfloat16, got {self.mixed_precision!r}"
-            )
+        if self.device not in DEVICES:
+            raise ValueError(f"train.device must be {one_of(DEVICES)}, got {self.device!r}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"train.mixed_precision must be {one_of(PRECISIONS)}, got {self.mixed_precision!r}")
         if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"train.epochs must be > 0, got {self.epochs}")
         if self.time_budget_minutes is not None and self.time_budget_minutes <= 0:
             raise ValueError(f"train.time_budget_minutes must be > 0, got {self.time_budget_minutes}")
-        if self.lr_schedule not in ("inverse-sqrt", "cosine"):
-            raise ValueError(f"train.lr_schedule must be inverse-sqrt or cosine, got {self.lr_schedule!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"train.lr_schedule must be {one_of(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         if self.lr_schedule == "cosine" and self.peak_learning_rate is None:
             raise ValueError("train.lr_schedule 'cosine' needs train.peak_learning_rate (--peak-lr)")
         if self.peak_learning_rate is not None and self.peak_learning_rate <= 0:
@@ -247,9 +249,8 @@ class TrainConfig:
             raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        strategies = ("auto", "one-device", "mirrored", "multi-worker", "tpu")
-        if self.strategy not in strategies:
-            raise ValueError(f"train.strategy must be one of {', '.join(strategies)}, got {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"train.strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.profile_steps is not None:
             parse_profile_steps(self.profile_steps)
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",
@@ -292,11 +293,7 @@ class RunConfig:
         return _from_dict(cls, values, source)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
+        atomic.write_json(path, self.to_dict(), sort_keys=True)
 
     @classmethod
     def load(cls, path: str | Path) -> "RunConfig":

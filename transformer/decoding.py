@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
-from transformer.tokenizer import END_ID, PAD_ID, START_ID
+from transformer.constants import END_ID, PAD_ID, START_ID
 
 NEG_INF = -1e9
 DEFAULT_FORBIDDEN_IDS = (PAD_ID, START_ID)  # never generated: PAD is masked as a key, START only opens

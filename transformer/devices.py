@@ -11,6 +11,9 @@ import logging
 import keras
 import tensorflow as tf
 
+from transformer.constants import DEVICES, PRECISION_MODES, one_of
+from transformer.precision import POLICIES
+
 log = logging.getLogger(__name__)
 
 
@@ -55,7 +58,7 @@ def select_device(requested: str) -> str:
         tf.config.set_visible_devices([], "GPU")
         return "cpu"
     if requested != "auto":
-        raise ValueError(f"--device must be auto, cpu or gpu, got {requested!r}")
+        raise ValueError(f"--device must be {one_of(DEVICES)}, got {requested!r}")
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
@@ -67,9 +70,9 @@ def set_precision(mode: str, device: str) -> str:
 
     Returns the policy name. Logits and loss stay float32 in the model whatever the policy.
     """
-    policy = {"off": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}.get(mode)
+    policy = POLICIES.get(mode)
     if policy is None:
-        raise ValueError(f"--mixed-precision must be off, float16 or bfloat16, got {mode!r}")
+        raise ValueError(f"--mixed-precision must be {one_of(PRECISION_MODES)}, got {mode!r}")
     if mode == "float16" and device == "cpu":
         log.warning("mixed float16 on CPU runs but is usually slower than float32; bfloat16 suits CPUs")
     if mode == "bfloat16" and device == "gpu":

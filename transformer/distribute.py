@@ -42,9 +42,10 @@ from typing import Optional
 
 import tensorflow as tf
 
+from transformer.constants import STRATEGIES
+
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker", "tpu")
 DEFAULT = "default"  # what "auto" resolves to on one device: TensorFlow's default strategy
 
 

@@ -16,13 +16,13 @@ with `lowercase=True`, which is also reported).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from transformer import atomic
 from transformer.data import CorpusError, read_parallel_files
 
 TranslateFn = Callable[[Sequence[str]], tuple]  # sentences → (translations, num_tokens or None)
@@ -134,12 +134,7 @@ def evaluate(translate_fn: TranslateFn, sources: Sequence[str], references: Sequ
 
 def save_report(report: dict, path: str | Path) -> Path:
     """Writes `report` as indented JSON (atomically: temp file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic.write_json(path, report, ensure_ascii=False)
 
 
 # ---- decoding-speed benchmark: cached batched vs the tutorial's loop ------------------------

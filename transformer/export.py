@@ -22,8 +22,6 @@ never leaves a half-written model behind.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -31,6 +29,10 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the tokenizer ops for loading)
+
+from transformer import atomic
+from transformer.rundir import is_run_dir, translator_from_run
+from transformer.translator import DecodeConfig, as_string_batch
 
 SERVING_SIGNATURE = "serving_default"
 ATTENTION_SIGNATURE = "attention"
@@ -54,9 +56,7 @@ def export_translator(translator, path: str | Path, *, overwrite: bool = False, 
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic.staged_directory(path) as staging:
         signatures = {
             SERVING_SIGNATURE: translator.serve.get_concrete_function(),
             ATTENTION_SIGNATURE: translator.serve_attention.get_concrete_function(),
@@ -80,13 +80,7 @@ def export_translator(translator, path: str | Path, *, overwrite: bool = False, 
             "tensorflow_text": tensorflow_text.__version__,
             **(extra or {}),
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        atomic.write_json(staging / MANIFEST, manifest)
     return path
 
 
@@ -117,8 +111,6 @@ class ExportedTranslator:
         self.manifest = json.loads(manifest.read_text()) if manifest.is_file() else {}
 
     def __call__(self, sentences) -> tf.Tensor:
-        from transformer.translator import as_string_batch
-
         return self.serving(**{INPUT_KEY: as_string_batch(sentences)})[OUTPUT_KEY]
 
     def translate(self, sentences) -> list[str]:
@@ -126,17 +118,28 @@ class ExportedTranslator:
 
     def translate_with_lengths(self, sentences) -> tuple[list[str], np.ndarray]:
         """(translations, generated target tokens per sentence, [END] included)."""
-        from transformer.translator import as_string_batch
-
         out = self.module.translate_lengths(as_string_batch(sentences))
         return [t.decode("utf-8", "replace") for t in out["translations"].numpy()], out["num_tokens"].numpy()
 
     def attention(self, sentences) -> dict[str, np.ndarray]:
-        from transformer.translator import as_string_batch
-
         return {k: v.numpy() for k, v in self.attention_signature(**{INPUT_KEY: as_string_batch(sentences)}).items()}
 
 
 def load_exported(path: str | Path) -> ExportedTranslator:
     """Loads an export written by `export_translator`."""
     return ExportedTranslator(path)
+
+
+def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest"):
+    """A Translator (run directory) or an ExportedTranslator (SavedModel) for `path`.
+
+    Both have `translate`, `translate_with_lengths` and `attention`. `config` applies to run
+    directories only: an export decodes as it was exported.
+    """
+    path = Path(path)
+    if (path / "saved_model.pb").is_file():
+        return load_exported(path)
+    if is_run_dir(path):
+        return translator_from_run(path, config, checkpoint)
+    raise FileNotFoundError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
+                            "directory (config.json + checkpoints/)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from transformer.tokenizer import PAD_ID
+from transformer.constants import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="transformer")

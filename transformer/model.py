@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from transformer.config import ModelConfig
 from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
-from transformer.tokenizer import PAD_ID
+from transformer.constants import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="transformer")

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from transformer.constants import PRECISION_MODES, PRECISIONS
+
 log = logging.getLogger(__name__)
 
-PRECISION_MODES = ("off", "float16", "bfloat16")
 POLICIES = {"off": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, aarch64
 REPORTED_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "bf16")
@@ -311,7 +312,7 @@ def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, 
     tests; by default they are read from this machine (probe results cached, see
     `cache_path`). Explicit values win; "auto" follows the rules of the module docstring.
     """
-    if mixed_precision not in ("auto", *PRECISION_MODES):
+    if mixed_precision not in PRECISIONS:
         raise ValueError(f"--mixed-precision must be auto, {', '.join(PRECISION_MODES)}; got {mixed_precision!r}")
     facts = facts or device_facts(device)
     result, cached = None, None

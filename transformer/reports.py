@@ -42,6 +42,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import numpy as np
 import psutil
 
+from transformer import atomic
+
 SCHEMA_VERSION = 1
 STATES = ("running", "completed", "crashed", "interrupted")
 REQUIRED_KEYS = (
@@ -256,17 +258,6 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Writes `text` to `path` via a temp file in the same directory and `os.replace`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def steps_csv_path(json_path: str | Path) -> Path:
     """`dir/name.json` → `dir/name_steps.csv`."""
     json_path = Path(json_path)
@@ -412,9 +403,9 @@ class StepTimeReport:
         """Writes the CSV, then the JSON (both atomically); returns the JSON path."""
         if self.path is None:
             return None
-        atomic_write_text(self.steps_csv, self.steps_csv_text())
+        atomic.write_text(self.steps_csv, self.steps_csv_text())
         text = json.dumps(self.to_dict(), indent=2, default=_jsonable)
-        atomic_write_text(self.path, text + "\n")
+        atomic.write_text(self.path, text + "\n")
         return self.path
 
     def finish(self, state: str, error: Optional[BaseException] = None) -> None:

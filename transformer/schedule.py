@@ -16,8 +16,6 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-SCHEDULES = ("inverse-sqrt", "cosine")
-
 
 @keras.saving.register_keras_serializable(package="transformer")
 class WarmupInverseSqrt(keras.optimizers.schedules.LearningRateSchedule):

@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -29,13 +27,13 @@ import tensorflow as tf
 import tensorflow_text as tf_text  # noqa: F401  (registers the ops the SavedModel needs)
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
+from transformer import atomic
 from transformer.config import TokenizerConfig
+from transformer.constants import END_ID, RESERVED_TOKENS, START_ID
 from transformer.data import ParallelCorpus
 
 log = logging.getLogger(__name__)
 
-RESERVED_TOKENS = ("[PAD]", "[UNK]", "[START]", "[END]")
-PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
 FORMAT_VERSION = 1
 _REQUIRED_FILES = ("saved_model.pb", "variables", "manifest.json", "src_vocab.txt", "tgt_vocab.txt")
 
@@ -172,10 +170,7 @@ def save_tokenizers(
     corpus: Optional[ParallelCorpus] = None,
 ) -> None:
     """Writes vocab files, the SavedModel and manifest.json atomically to `directory`."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with atomic.staged_directory(directory, keep_existing=True) as staging:  # built concurrently: keep theirs
         for name, vocab in (("src_vocab.txt", src_vocab), ("tgt_vocab.txt", tgt_vocab)):
             (staging / name).write_text("\n".join(vocab) + "\n", encoding="utf-8")
         module = PairTokenizers(str(staging / "src_vocab.txt"), str(staging / "tgt_vocab.txt"), config.lower_case)
@@ -192,14 +187,7 @@ def save_tokenizers(
             tensorflow=tf.__version__,
             tensorflow_text=tf_text.__version__,
         )
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if directory.exists():  # built concurrently by someone else: keep theirs
-            shutil.rmtree(staging)
-        else:
-            staging.rename(directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        atomic.write_json(staging / "manifest.json", manifest)
 
 
 def load_tokenizers(directory: str | Path):

@@ -1,14 +1,8 @@
 """Training orchestration: config → data → tokenizers → pipeline → model → fit → reports.
 
-`train(config)` is the one entry point (scripts/train.py and the notebooks call it). A run
-directory holds:
-    config.json          the effective RunConfig (model vocab sizes filled in)
-    tokenizers/          a copy of the tokenizer SavedModel used (the run is self-contained)
-    checkpoints/         tf.train.CheckpointManager checkpoints (model + optimizer + epoch)
-    backup/              mid-epoch snapshots (--backup-every-steps), deleted when fit completes
-    tensorboard/         Keras TensorBoard logs
-    report.json, report_steps.csv   the step-time report (written even when training dies)
-    summary.json         final losses, validation masked accuracy, wall time
+`train(config)` is the one entry point (scripts/train.py and the notebooks call it). It fills
+a run directory laid out as transformer/rundir.py describes (config.json, tokenizers/,
+checkpoints/, best/, backup/, tensorboard/, report.json, summary.json).
 
 Distribution (`--strategy`, see transformer/distribute.py): the model, optimizer, metrics and
 checkpoint are created under `strategy.scope()`; batch flags are per replica and the
@@ -33,7 +27,6 @@ otherwise — down to `--auto-batch-floor` (default `AUTO_BATCH_FLOOR_TOKENS` /
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import time
@@ -44,7 +37,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from transformer import distribute
+from transformer import atomic, distribute
 from transformer.backup import StepBackupAndRestore, snapshots
 from transformer.budget import TrainingClock
 from transformer.config import ModelConfig, PipelineConfig, RunConfig, parse_profile_steps
@@ -57,25 +50,18 @@ from transformer.pipeline import make_batches, tokenize_pairs
 from transformer.precision import decide_precision
 from transformer.profiling import StepProfiler
 from transformer.reports import StepTimeReport, error_info
+from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
+                                TOKENIZER_DIR, RunCheckpoints, build_model)
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.timing import BatchCounts, BatchTimer, batch_counts
-from transformer.tokenizer import build_or_load_tokenizers, load_tokenizers
+from transformer.tokenizer import build_or_load_tokenizers
+from transformer.translator import DecodeConfig, Translator
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-CHECKPOINT_DIR = "checkpoints"
-BACKUP_DIR = "backup"
 AUTO_BATCH_FLOOR_TOKENS = 256  # --auto-batch never goes below this max_tokens (optimized pipeline)
 AUTO_BATCH_FLOOR_SENTENCES = 4  # ... nor below this batch_size (naive, or optimized without max_tokens)
-
-
-def build_model(model_config: ModelConfig) -> Transformer:
-    """A built (weights created) Transformer for `model_config` under the global dtype policy."""
-    model = Transformer.from_model_config(model_config)
-    model.build()
-    return model
 
 
 def make_schedule(config: RunConfig, d_model: int, progress: Optional[tf.Variable] = None,
@@ -113,34 +99,6 @@ def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras
     )
     model.optimizer.build(model.trainable_variables)
     return model.optimizer
-
-
-class RunCheckpoints:
-    """Model + optimizer + finished-epoch counter, saved atomically by tf.train.CheckpointManager.
-
-    A save writes new files and then updates the `checkpoint` index, so a crash mid-save
-    leaves the previous checkpoint as the latest readable one. Checkpoints are written to
-    `directory` and restored from `read_directory` (default: the same; a non-chief worker
-    writes to its temporary directory and restores from the chief's).
-    """
-
-    def __init__(self, directory: Path, model: keras.Model, optimizer, max_to_keep: int = 5,
-                 read_directory: Optional[Path] = None, train_elapsed_s: Optional[tf.Variable] = None):
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        extra = {"train_elapsed_s": train_elapsed_s} if train_elapsed_s is not None else {}
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch, **extra)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=max_to_keep)
-        self.read_directory = Path(read_directory if read_directory is not None else directory)
-
-    def restore_latest(self) -> Optional[str]:
-        path = tf.train.latest_checkpoint(str(self.read_directory))
-        if path:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
-        return path
-
-    def save(self, epoch: int) -> str:
-        self.epoch.assign(epoch)
-        return self.manager.save()
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
@@ -284,7 +242,7 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     write_dir = role.write_dir(run_dir)
     try:
         write_dir.mkdir(parents=True, exist_ok=True)
-        report = StepTimeReport(write_dir / "report.json", run=run_description(config),
+        report = StepTimeReport(write_dir / REPORT_FILE, run=run_description(config),
                                 steps_planned=config.train.planned_steps)
         if config.train.resume or backup:
             report.continue_from_disk()  # a resumed run appends to its earlier measurements
@@ -313,7 +271,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     log.info("corpus %s: %s train pairs, %s validation pairs, %d empty pairs dropped",
              corpus.name, corpus.num_train, corpus.num_validation, corpus.dropped_empty)
     tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
-    run_tokenizers = write_dir / "tokenizers"
+    run_tokenizers = write_dir / TOKENIZER_DIR
     if not run_tokenizers.exists():
         shutil.copytree(tokenizer_dir, run_tokenizers)
 
@@ -361,7 +319,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         *([profiler] if profiler else []),  # after the timer, which syncs the step
         clock,  # after the timer, which syncs the step
         EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps),
-        keras.callbacks.TensorBoard(log_dir=str(write_dir / "tensorboard"), update_freq=50),
+        keras.callbacks.TensorBoard(log_dir=str(write_dir / TENSORBOARD_DIR), update_freq=50),
         *([bleu] if bleu else []),
         *extra_callbacks,
     ]
@@ -389,7 +347,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     report.run["stopped_by"] = summary["stopped_by"]
     summary["step_time"] = report.summary()
     summary["replicas"] = replicas
-    (write_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic.write_json(write_dir / SUMMARY_FILE, summary)
     # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
     return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
 
@@ -444,8 +402,6 @@ def make_bleu_callback(config: RunConfig, corpus, tokenizers, write_dir: Path, r
         sources.append(src.decode("utf-8"))
         references.append(tgt.decode("utf-8"))
     sources, references = fixed_sample(sources, references, size)
-    from transformer.translator import DecodeConfig, Translator  # translator imports training lazily
-
     return ValidationBleu(lambda model: Translator(tokenizers, model, DecodeConfig()), sources, references,
                           run_dir=write_dir, every_steps=config.train.bleu_every_steps,
                           patience=config.train.early_stop_patience, report=report, clock=clock)
@@ -549,35 +505,3 @@ def _summary(history: dict, optimizer, config: RunConfig, wall_s: float, initial
         "val_masked_accuracy": last.get("val_masked_accuracy"),
         "wall_time_s": round(wall_s, 1),
     }
-
-
-CHECKPOINT_CHOICES = ("latest", "best", "averaged")
-
-
-def checkpoint_path(run_dir: str | Path, which: str = "latest") -> str:
-    """Checkpoint prefix of a run: "latest" (checkpoints/), "best" (by validation BLEU, best/),
-    "averaged" (scripts/average_checkpoints.py, averaged/), or an explicit checkpoint prefix."""
-    run_dir = Path(run_dir)
-    directories = {"latest": run_dir / CHECKPOINT_DIR, "best": run_dir / "best", "averaged": run_dir / "averaged"}
-    if which not in directories:
-        if tf.io.gfile.exists(f"{which}.index"):
-            return which
-        raise ValueError(f"checkpoint must be one of {CHECKPOINT_CHOICES} or a checkpoint prefix, got {which!r}")
-    latest = tf.train.latest_checkpoint(str(directories[which]))
-    if latest is None:
-        raise FileNotFoundError(f"no {which} checkpoint in {directories[which]}")
-    return latest
-
-
-def load_trained_model(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Transformer, object, RunConfig]:
-    """(model with the chosen checkpoint's weights, tokenizers, config) from a run directory.
-
-    `checkpoint`: see `checkpoint_path` (latest, best, averaged or a prefix).
-    """
-    run_dir = Path(run_dir)
-    config = RunConfig.load(run_dir / CONFIG_FILE)
-    tokenizers = load_tokenizers(run_dir / "tokenizers")
-    model = build_model(config.model)
-    path = checkpoint_path(run_dir, checkpoint)
-    tf.train.Checkpoint(model=model).restore(path).expect_partial()
-    return model, tokenizers, config

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from transformer import decoding
-from transformer.tokenizer import END_ID, PAD_ID, START_ID
+from transformer.constants import END_ID, PAD_ID, START_ID
 
 SENTENCES_SPEC = tf.TensorSpec([None], tf.string, name="sentences")
 
@@ -305,31 +305,3 @@ class Translator(tf.Module):
     def _detokenize(self, ids):
         """`[B, T]` int32 ids → `[B]` tf.string (reserved tokens dropped)."""
         return self.tokenizers.tgt.detokenize(tf.cast(ids, tf.int64))
-
-
-
-def translator_from_run(run_dir, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest") -> Translator:
-    """A Translator over a training run directory's checkpoint (latest, best, averaged) and its tokenizers."""
-    from transformer.training import load_trained_model
-
-    model, tokenizers, _ = load_trained_model(run_dir, checkpoint)
-    return Translator(tokenizers, model, config)
-
-
-def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest"):
-    """A Translator (run directory) or an ExportedTranslator (SavedModel) for `path`.
-
-    Both have `translate`, `translate_with_lengths` and `attention`. `config` applies to run
-    directories only: an export decodes as it was exported.
-    """
-    from pathlib import Path
-
-    path = Path(path)
-    if (path / "saved_model.pb").is_file():
-        from transformer.export import load_exported
-
-        return load_exported(path)
-    if (path / "config.json").is_file():
-        return translator_from_run(path, config, checkpoint)
-    raise FileNotFoundError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
-                            "directory (config.json + checkpoints/)")

@@ -25,13 +25,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from transformer import atomic
 from transformer.evaluation import score
-from transformer.reports import StepTimeReport, atomic_write_text
+from transformer.reports import StepTimeReport
+from transformer.rundir import BEST_DIR, BEST_FILE, TENSORBOARD_DIR
 
 log = logging.getLogger(__name__)
-
-BEST_DIR = "best"
-BEST_FILE = "best.json"
 
 
 def fixed_sample(sources: Sequence[str], references: Sequence[str], size: int) -> tuple[list, list]:
@@ -151,7 +150,7 @@ class ValidationBleu(keras.callbacks.Callback):
             checkpoint = tf.train.Checkpoint(model=self.model)
             self._best_manager = tf.train.CheckpointManager(checkpoint, str(self.run_dir / BEST_DIR), max_to_keep=1)
         path = self._best_manager.save(checkpoint_number=record["step"])
-        atomic_write_text(self.run_dir / BEST_FILE, json.dumps({**record, "checkpoint": path}, indent=2) + "\n")
+        atomic.write_json(self.run_dir / BEST_FILE, {**record, "checkpoint": path})
 
     def _log(self, record: dict) -> None:
         log.info("step %d: validation BLEU %.2f chrF %.2f on %d sentences (best %.2f) after %s target tokens; "
@@ -162,7 +161,7 @@ class ValidationBleu(keras.callbacks.Callback):
         self.report.write()
         if self.run_dir is not None:
             if self._writer is None:
-                self._writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "bleu"))
+                self._writer = tf.summary.create_file_writer(str(self.run_dir / TENSORBOARD_DIR / "bleu"))
             with self._writer.as_default(step=record["step"]):
                 tf.summary.scalar("validation_bleu", record["bleu"])
                 tf.summary.scalar("validation_chrf", record["chrf"])
