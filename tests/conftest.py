@@ -8,6 +8,7 @@ tests that need it are skipped, with the path in the reason, when it is absent.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,3 +83,38 @@ def tiny_model_config():
         return config
 
     return make
+
+
+def script_main(name: str):
+    """`main(argv) -> int` of scripts/<name>.py, loaded in-process (no subprocess, no new TF import).
+
+    Works whether the script defines `main` or is a thin caller importing it from the package.
+    """
+    path = REPO_ROOT / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+TINY_RUN_STEPS = 3  # checkpoints at step 2 (--checkpoint-every-steps 2) and 3 (epoch end): two to average
+
+
+@pytest.fixture(scope="session")
+def tiny_run(bible_tokenizers, tmp_path_factory) -> Path:
+    """A run directory trained by `scripts/train.py`'s main on the session tokenizers' corpus slice:
+    1 layer, d_model 16, TINY_RUN_STEPS steps, float32, checkpoints at steps 2 and 3. Read-only:
+    tests that write into a run directory copy it first."""
+    run = tmp_path_factory.mktemp("tiny-run") / "run"
+    data = bible_tokenizers.data_config
+    # The training files named explicitly: the same tokenizer key, no validation split to compile.
+    argv = ["--train-src", f"{data.data_dir}/train.pt", "--train-tgt", f"{data.data_dir}/train.en",
+            "--max-train-examples", str(data.max_train_examples),
+            "--max-val-examples", str(data.max_val_examples), "--vocab-size", str(bible_tokenizers.config.vocab_size),
+            "--lower-case", "--tokenizers-root", bible_tokenizers.config.root,
+            "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32", "--max-length", "24",
+            "--max-tokens", "512", "--epochs", "1", "--steps-per-epoch", str(TINY_RUN_STEPS),
+            "--checkpoint-every-steps", "2", "--bleu-sentences", "0", "--device", "cpu", "--mixed-precision", "off",
+            "--no-probe-peak", "--verbose", "0", "--output", str(run)]
+    assert script_main("train")(argv) == 0
+    return run

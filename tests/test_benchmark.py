@@ -1,12 +1,11 @@
 """The benchmark matrix: cell expansion, and a real 2-cell run writing reports + comparison."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import script_main
 from tests.test_compare import write_report
 from transformer import benchmark
 from transformer.benchmark import Cell, make_cells
@@ -57,18 +56,18 @@ def test_a_single_cell_prints_its_tables(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not BIBLE.is_dir(), reason=f"shared corpus not found at {BIBLE}")
-def test_two_cell_matrix_writes_one_report_per_cell_and_a_comparison(tmp_path):
+def test_two_cell_matrix_writes_one_report_per_cell_and_a_comparison(tmp_path, capsys):
     out = tmp_path / "bench"
-    command = [
-        sys.executable, str(REPO / "scripts" / "benchmark.py"), "--data", str(BIBLE), "--steps", "3",
+    argv = [
+        "--data", str(BIBLE), "--steps", "3",
         "--pipelines", "naive", "optimized", "--naive-batches", "16", "--token-batches", "512",
         "--device", "cpu", "--output", str(out), "--",
         "--max-train-examples", "300", "--max-val-examples", "20", "--vocab-size", "400",
         "--tokenizers-root", str(tmp_path / "tok"), "--num-layers", "1", "--d-model", "16",
         "--num-heads", "2", "--dff", "32", "--no-probe-peak",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert script_main("benchmark")(argv) == 0  # each cell still trains in its own process
+    assert "naive-off-noxla-16sent" in capsys.readouterr().out
     reports = sorted(out.glob("*/report.json"))
     assert [p.parent.name for p in reports] == ["naive-off-noxla-16sent", "optimized-off-noxla-512tok"]
     for path in reports:

@@ -1,15 +1,12 @@
 """Comparison of step-time reports: table, speed-ups, verdicts, plot, CLI errors."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import script_main
 from transformer.compare import compare, load_runs, speedups, verdict
 from transformer.reports import StepRecord, StepTimeReport
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: int = 6, bleus=()) -> Path:
@@ -91,14 +88,13 @@ def test_bad_or_missing_report_names_the_file(two_reports, tmp_path):
         compare([two_reports[0], bad])
 
 
-def test_cli_prints_table_and_reports_errors(two_reports, tmp_path):
-    script = str(ROOT / "scripts" / "compare_reports.py")
-    plot = tmp_path / "cli.png"
-    ok = subprocess.run(
-        [sys.executable, script, *map(str, two_reports), "--plot", str(plot)], capture_output=True, text=True
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert "| optimized |" in ok.stdout and plot.exists()
+def test_cli_prints_table_and_reports_errors(two_reports, tmp_path, capsys):
+    main = script_main("compare_reports")
+    plot, table = tmp_path / "cli.png", tmp_path / "cli.md"
+    assert main([*map(str, two_reports), "--plot", str(plot), "--markdown", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "| optimized |" in out and plot.stat().st_size > 1000
+    assert table.read_text().strip() == out.strip()  # the saved table is the printed one
     missing = str(tmp_path / "nope.json")
-    bad = subprocess.run([sys.executable, script, str(two_reports[0]), missing], capture_output=True, text=True)
-    assert bad.returncode == 2 and "nope.json" in bad.stderr
+    assert main([str(two_reports[0]), missing]) == 2
+    assert "nope.json" in capsys.readouterr().err
