@@ -25,22 +25,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformer.benchmark import make_cells, run_matrix  # noqa: E402
 from transformer.cli import XLA_CHOICES  # noqa: E402
+from transformer.constants import DEVICES, PIPELINE_KINDS, PRECISIONS, XLA_MODES  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="local corpus directory (default: the TFDS dataset of scripts/train.py)")
     parser.add_argument("--steps", type=int, default=30, help="training steps per cell (default %(default)s)")
-    parser.add_argument("--pipelines", nargs="+", default=["naive", "optimized"], choices=["naive", "optimized"])
-    parser.add_argument("--precisions", nargs="+", default=["off"], choices=["auto", "off", "bfloat16", "float16"],
+    parser.add_argument("--pipelines", nargs="+", default=["naive", "optimized"], choices=PIPELINE_KINDS)
+    parser.add_argument("--precisions", nargs="+", default=["off"], choices=PRECISIONS,
                         help="--mixed-precision per cell (auto: what scripts/train.py decides by default)")
-    parser.add_argument("--xla", nargs="+", default=["off"], choices=["auto", "off", "on"])
+    parser.add_argument("--xla", nargs="+", default=["off"], choices=XLA_MODES)
     parser.add_argument("--naive-batches", nargs="+", type=int, default=[64], help="sentences per batch (naive)")
     parser.add_argument("--token-batches", nargs="+", type=int, default=[8192],
                         help="padded tokens per batch per side (optimized)")
     parser.add_argument("--d-models", nargs="+", type=int, default=[None], metavar="D",
                         help="model widths to sweep: --d-model D --dff 4·D (default: the model flags)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--timeout", type=float, help="seconds allowed per cell")
     parser.add_argument("--output", type=Path, default=Path("runs/benchmark"))
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then extra scripts/train.py flags")

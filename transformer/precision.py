@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from transformer.constants import PRECISION_MODES, PRECISIONS
+from transformer import atomic
+from transformer.constants import PRECISION_MODES, PRECISIONS, one_of
 
 log = logging.getLogger(__name__)
 
@@ -253,10 +254,7 @@ def cached_probe(facts: DeviceFacts, probe=probe_bf16_speedup) -> tuple[Optional
     entries[key] = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "device": facts.device,
                     "probe": dataclasses.asdict(result)}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
-        tmp.replace(path)
+        atomic.write_json(path, entries, sort_keys=True)
     except OSError as err:
         log.warning("could not cache the precision probe in %s (%s)", path, err)
     return result, False
@@ -313,7 +311,7 @@ def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, 
     `cache_path`). Explicit values win; "auto" follows the rules of the module docstring.
     """
     if mixed_precision not in PRECISIONS:
-        raise ValueError(f"--mixed-precision must be auto, {', '.join(PRECISION_MODES)}; got {mixed_precision!r}")
+        raise ValueError(f"--mixed-precision must be {one_of(PRECISIONS)}, got {mixed_precision!r}")
     facts = facts or device_facts(device)
     result, cached = None, None
     pinned = os.environ.get(PIN_ENV, "").strip()
@@ -321,7 +319,7 @@ def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, 
         mode, reason = mixed_precision, f"requested --mixed-precision {mixed_precision}"
     elif pinned:
         if pinned not in PRECISION_MODES:
-            raise ValueError(f"${PIN_ENV} must be one of {', '.join(PRECISION_MODES)}, got {pinned!r}")
+            raise ValueError(f"${PIN_ENV} must be {one_of(PRECISION_MODES)}, got {pinned!r}")
         mode, reason = pinned, f"auto pinned by ${PIN_ENV}={pinned}"
     elif facts.device == "tpu":
         mode, reason = "bfloat16", "TPU: bfloat16 is its native matmul type → mixed_bfloat16"
