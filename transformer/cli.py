@@ -14,7 +14,8 @@ from pathlib import Path
 
 from transformer.config import (CorpusSpec, DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
                                 TrainConfig, parse_profile_steps)
-from transformer.constants import DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES, XLA_MODES
+from transformer.constants import (BUDGET_CLOCKS, DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS,
+                                   STRATEGIES, XLA_MODES)
 from transformer.presets import PRESETS
 
 
@@ -69,6 +70,19 @@ def parse_data_arg(text: str) -> tuple[CorpusSpec, ...]:
     return tuple(specs)
 
 
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """`--eval-at` value: comma-separated fractions in (0, 1), or `end` for none."""
+    if text.strip() == "end":
+        return ()
+    try:
+        fractions = tuple(float(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected fractions such as 0.5,0.8 (or 'end')") from None
+    if any(not 0.0 < f < 1.0 for f in fractions) or list(fractions) != sorted(set(fractions)):
+        raise argparse.ArgumentTypeError(f"{text!r}: fractions must be increasing, each between 0 and 1")
+    return fractions
+
+
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tokenizers")
     group.add_argument("--vocab-size", type=int, help=f"WordPiece vocab size per language (default {TokenizerConfig.vocab_size})")
@@ -109,7 +123,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="named recipe the other flags override (transformer/presets.py; default: default)")
     group.add_argument("--epochs", type=int, help="epochs (default 1; with --time-budget: until the budget is spent)")
     group.add_argument("--time-budget", dest="time_budget_minutes", type=float, metavar="MINUTES",
-                       help="train until this much training time is spent, then checkpoint and stop")
+                       help="train until this much time is spent (see --budget-clock), then checkpoint, evaluate and stop")
+    group.add_argument("--budget-clock", choices=BUDGET_CLOCKS,
+                       help="what --time-budget counts: train = training steps only (default); wall = everything "
+                            "from start-up to the final evaluation, so the run ends on time")
+    group.add_argument("--eval-at", type=parse_fractions, metavar="F[,F...]",
+                       help="under --time-budget: validation loss + BLEU at these fractions of the budget, and at "
+                            "the end (default 0.5,0.8; 'end' = only at the end)")
     group.add_argument("--lr-schedule", choices=LR_SCHEDULES,
                        help="inverse-sqrt (paper/tutorial) or cosine decay over the planned run / time budget")
     group.add_argument("--peak-lr", dest="peak_learning_rate", type=float,

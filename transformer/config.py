@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from transformer import atomic
-from transformer.constants import (DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES,
-                                   one_of)
+from transformer.constants import (BUDGET_CLOCKS, DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS,
+                                   STRATEGIES, one_of)
 
 DEFAULT_TFDS_DATASET = "ted_hrlr_translate/pt_to_en"
 
@@ -187,12 +187,14 @@ class TrainConfig:
     validation_steps: Optional[int] = None
     seed: int = 0
     time_budget_minutes: Optional[float] = None  # stop after this much training time (transformer/budget.py)
+    budget_clock: str = "train"  # train: steps only | wall: everything from start-up to the final evaluation
+    eval_at: tuple[float, ...] = (0.5, 0.8)  # under a budget: evaluate at these fractions of it, and at the end
     lr_schedule: str = "cosine"  # cosine | inverse-sqrt (transformer/schedule.py)
     peak_learning_rate: Optional[float] = 1e-3  # None: (d_model · warmup)^-0.5 (inverse-sqrt only)
     warmup_steps: int = 200
     label_smoothing: float = 0.1
     bleu_sentences: int = 256  # validation pairs decoded for BLEU/chrF during training (0: off)
-    bleu_every_steps: Optional[int] = None  # None: at the end of every epoch
+    bleu_every_steps: Optional[int] = None  # None: at eval_at under a budget, else at the end of every epoch
     early_stop_patience: Optional[int] = None  # stop after N BLEU evaluations without a new best
     checkpoint_every_steps: Optional[int] = None  # also checkpoint every N steps (not only per epoch)
     keep_checkpoints: int = 5  # latest checkpoints kept (checkpoint averaging reads them)
@@ -241,6 +243,10 @@ class TrainConfig:
             raise ValueError(f"train.peak_learning_rate must be > 0, got {self.peak_learning_rate}")
         if self.warmup_steps <= 0:
             raise ValueError(f"train.warmup_steps must be > 0, got {self.warmup_steps}")
+        if self.budget_clock not in BUDGET_CLOCKS:
+            raise ValueError(f"train.budget_clock must be {one_of(BUDGET_CLOCKS)}, got {self.budget_clock!r}")
+        if any(not 0.0 < f < 1.0 for f in self.eval_at) or list(self.eval_at) != sorted(set(self.eval_at)):
+            raise ValueError(f"train.eval_at must be increasing fractions in (0, 1), got {list(self.eval_at)}")
         if self.bleu_sentences < 0:
             raise ValueError(f"train.bleu_sentences must be >= 0, got {self.bleu_sentences}")
         if self.keep_checkpoints <= 0:

@@ -20,6 +20,7 @@ STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker", "tpu")  # --stra
 PIPELINE_KINDS = ("optimized", "naive")  # --pipeline
 HEAD_WIDTHS = ("tutorial", "paper")  # --head-width
 LR_SCHEDULES = ("inverse-sqrt", "cosine")  # --lr-schedule
+BUDGET_CLOCKS = ("train", "wall")  # --budget-clock (transformer/budget.py)
 CHECKPOINT_CHOICES = ("latest", "best", "averaged")  # --checkpoint (or an explicit checkpoint prefix)
 
 

@@ -49,6 +49,7 @@ from transformer.model import Transformer
 from transformer.pipeline import make_batches, tokenize_pairs
 from transformer.precision import decide_precision
 from transformer.profiling import StepProfiler
+from transformer.progress import BudgetProgress
 from transformer.reports import StepTimeReport, error_info
 from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
                                 TOKENIZER_DIR, RunCheckpoints, build_model)
@@ -109,11 +110,23 @@ class EpochCheckpoint(keras.callbacks.Callback):
     mid-epoch resumption; these checkpoints are for checkpoint averaging and evaluation.
     """
 
-    def __init__(self, checkpoints: RunCheckpoints, every_steps: Optional[int] = None):
+    def __init__(self, checkpoints: RunCheckpoints, every_steps: Optional[int] = None,
+                 clock: Optional[TrainingClock] = None):
         super().__init__()
         self.checkpoints = checkpoints
         self.every_steps = every_steps
+        self.clock = clock  # told how long a save takes (the wall clock's reserve)
+        self.seconds_spent = 0.0
         self._epoch = 0
+
+    def _save(self, epoch: int) -> str:
+        start = time.perf_counter()
+        path = self.checkpoints.save(epoch)
+        seconds = time.perf_counter() - start
+        self.seconds_spent += seconds
+        if self.clock is not None:
+            self.clock.expect_at_end("checkpoint", seconds)
+        return path
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -121,11 +134,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
         if self.every_steps and step % self.every_steps == 0:
-            path = self.checkpoints.save(self._epoch)
+            path = self._save(self._epoch)
             log.info("step %d: checkpoint %s", step, path)
 
     def on_epoch_end(self, epoch, logs=None):
-        path = self.checkpoints.save(epoch + 1)
+        path = self._save(epoch + 1)
         log.info("epoch %d: checkpoint %s", epoch + 1, path)
 
 
@@ -288,7 +301,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
         total_steps = config.train.planned_epochs * count_batches(corpus, tokenizers, config, replicas)
         log.info("cosine schedule over %d planned steps (%d epochs)", total_steps, config.train.planned_epochs)
-    clock = TrainingClock(budget_s, total_steps)
+    clock = TrainingClock(budget_s, total_steps, wall=config.train.budget_clock == "wall", started=started)
     with strategy.scope():
         model = build_model(model_config)
         optimizer = compile_model(model, config, make_schedule(config, model_config.d_model, clock.progress, total_steps))
@@ -310,6 +323,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         backup = StepBackupAndRestore(run_dir / BACKUP_DIR, save_freq=config.train.backup_every_steps or "epoch",
                                       steps_per_epoch=config.train.steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
     bleu = make_bleu_callback(config, corpus, tokenizers, write_dir, report, clock, strategy_name)
+    saver = EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps, clock)
     profiler = None
     if config.train.profile_steps:
         profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
@@ -318,16 +332,19 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         timer,
         *([profiler] if profiler else []),  # after the timer, which syncs the step
         clock,  # after the timer, which syncs the step
-        EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps),
+        saver,
         keras.callbacks.TensorBoard(log_dir=str(write_dir / TENSORBOARD_DIR), update_freq=50),
         *([bleu] if bleu else []),
         *extra_callbacks,
     ]
+    if budget_s is not None and config.train.verbose:  # instead of Keras' bar (`Epoch 2/1000000`, `N/Unknown`)
+        callbacks.append(BudgetProgress(clock, report, bleu, in_place=config.train.verbose == 1))
 
     nothing_to_train = clock.budget_spent()  # resumed with its budget used up (fit would take one step)
     if nothing_to_train:
         log.info("time budget of %.1f min already spent: nothing to train", clock.budget_s / 60)
         clock.stopped_by_budget = True
+    startup_s = time.perf_counter() - started
     try:
         history = {}
         if not nothing_to_train:
@@ -339,12 +356,21 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
             initial_epoch = backup.restored["epoch"]
 
     summary = _summary(history, optimizer, config, time.perf_counter() - started, initial_epoch)
-    summary["train_time_s"] = round(clock.seconds, 1)
+    summary["train_time_s"] = round(clock.seconds, 1)  # wall seconds with --budget-clock wall
+    summary["budget_clock"] = config.train.budget_clock if budget_s is not None else None
+    summary["time_s"] = {"startup": round(startup_s, 1),
+                         "training_steps": round(sum(r.time_s for r in report.records), 1),
+                         "evaluation": round(bleu.seconds_spent, 1) if bleu is not None else 0.0,
+                         "checkpoints": round(saver.seconds_spent, 1)}
+    if summary["val_loss"] is None and bleu is not None and bleu.report.evaluations:
+        last = bleu.report.evaluations[-1]  # measured on the evaluation sample (budgeted runs)
+        summary["val_loss"], summary["val_masked_accuracy"] = last.get("val_loss"), last.get("val_masked_accuracy")
     summary["stopped_by"] = ("time budget" if clock.stopped_by_budget
                              else "early stopping" if bleu is not None and bleu.early_stopped else None)
     summary["tokens_seen"] = report.tokens_seen()
     summary["best_validation_bleu"] = bleu.best if bleu is not None else None
     report.run["stopped_by"] = summary["stopped_by"]
+    report.run.update(budget_clock=summary["budget_clock"], time_s=summary["time_s"])
     summary["step_time"] = report.summary()
     summary["replicas"] = replicas
     atomic.write_json(write_dir / SUMMARY_FILE, summary)
@@ -368,10 +394,10 @@ def _fit(model, checkpoints: RunCheckpoints, callbacks: list, corpus, tokenizers
                 epochs=config.train.planned_epochs,
                 initial_epoch=initial_epoch,
                 steps_per_epoch=config.train.steps_per_epoch,
-                validation_data=val_batches,
+                validation_data=val_batches if not _evaluates_loss(callbacks) else None,
                 validation_steps=config.train.validation_steps,
                 callbacks=callbacks,
-                verbose=config.train.verbose,
+                verbose=0 if config.train.time_budget_minutes is not None else config.train.verbose,
             ).history
             return history, config
         except tf.errors.ResourceExhaustedError as err:
@@ -387,9 +413,19 @@ def _fit(model, checkpoints: RunCheckpoints, callbacks: list, corpus, tokenizers
             report.write()
 
 
+def _evaluates_loss(callbacks: list) -> bool:
+    """True when a `ValidationBleu` measures the validation loss (then fit's per-epoch pass is skipped)."""
+    return any(isinstance(c, ValidationBleu) and c.loss_batches is not None for c in callbacks)
+
+
 def make_bleu_callback(config: RunConfig, corpus, tokenizers, write_dir: Path, report: StepTimeReport,
                        clock: TrainingClock, strategy_name: str) -> Optional[ValidationBleu]:
-    """The validation-BLEU callback over a fixed sample, or None (disabled / no validation split)."""
+    """The validation-BLEU callback over a fixed sample, or None (disabled / no validation split).
+
+    Under a time budget it evaluates at `train.eval_at` fractions of the budget and at the end
+    (unless `bleu_every_steps`), and also measures the validation loss on the same sample,
+    replacing fit's per-epoch pass over the whole validation split.
+    """
     size = config.train.bleu_sentences
     if not size or corpus.validation is None:
         return None
@@ -402,9 +438,16 @@ def make_bleu_callback(config: RunConfig, corpus, tokenizers, write_dir: Path, r
         sources.append(src.decode("utf-8"))
         references.append(tgt.decode("utf-8"))
     sources, references = fixed_sample(sources, references, size)
+    budgeted = config.train.time_budget_minutes is not None
+    loss_batches = None
+    if budgeted:
+        loss_batches = make_batches(tf.data.Dataset.from_tensor_slices((sources, references)), tokenizers,
+                                    config.pipeline, config.model.max_length, training=False)
+    fractions = config.train.eval_at if budgeted and not config.train.bleu_every_steps else None
     return ValidationBleu(lambda model: Translator(tokenizers, model, DecodeConfig()), sources, references,
                           run_dir=write_dir, every_steps=config.train.bleu_every_steps,
-                          patience=config.train.early_stop_patience, report=report, clock=clock)
+                          patience=config.train.early_stop_patience, report=report, clock=clock,
+                          fractions=fractions, loss_batches=loss_batches)
 
 
 def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1) -> int:
