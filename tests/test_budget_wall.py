@@ -29,7 +29,7 @@ def test_wall_clock_run_ends_within_its_budget_and_shows_budget_progress(bible_t
     summary = result.summary
     assert summary["stopped_by"] == "time budget" and summary["budget_clock"] == "wall"
     assert summary["wall_time_s"] <= budget_min * 60 + 3, summary["time_s"]
-    assert summary["wall_time_s"] >= 0.8 * budget_min * 60  # and it used most of it
+    assert summary["wall_time_s"] >= 0.6 * budget_min * 60  # not far below (the reserve assumes a cold evaluation)
     times = summary["time_s"]
     assert times["evaluation"] > 0 and times["checkpoints"] > 0 and times["startup"] > 0
     assert times["training_steps"] + times["evaluation"] + times["checkpoints"] < summary["wall_time_s"]
