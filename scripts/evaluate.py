@@ -1,69 +1,12 @@
 """Score a model (sacrebleu BLEU + chrF) and measure its decoding speed; writes JSON.
 
-    python scripts/evaluate.py --model runs/bible --data ../shared/data/bible-pt-en --split validation
-    python scripts/evaluate.py --model exports/bible --dataset ted_hrlr_translate/pt_to_en --split test
-    python scripts/evaluate.py --model runs/bible --src test.pt --ref test.en --beam 4 --output eval.json
-
---model is a run directory or an export (see scripts/translate.py). Speed: one cold pass
-(tracing/compilation included) then --repeats warm passes; the report's `speed` is the best
-warm pass. See transformer/evaluation.py.
+Usage and code: transformer/commands/evaluate.py (`--help`). Runs the installed package
+(`pip install -e .`, README.md "Setup"), as the `transformer-evaluate` command does.
 """
 
-import argparse
-import os
-import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
-
-from transformer import cli  # noqa: E402
-from transformer.translator import add_checkpoint_arg, add_decode_args, decode_config_from_args  # noqa: E402
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="run directory or exported SavedModel")
-    add_checkpoint_arg(parser)
-    data = parser.add_argument_group("evaluation data (one of)")
-    data.add_argument("--src", help="source file, one sentence per line (with --ref)")
-    data.add_argument("--ref", help="reference translations, line-aligned with --src")
-    data.add_argument("--data", dest="data_dir", help="directory with {split}.pt / {split}.en")
-    data.add_argument("--dataset", help="TFDS dataset, e.g. ted_hrlr_translate/pt_to_en")
-    data.add_argument("--tfds-data-dir")
-    data.add_argument("--split", default="test", help="split name (default test)")
-    data.add_argument("--limit", type=int, help="evaluate the first N pairs only")
-    parser.add_argument("--repeats", type=int, default=1, help="warm timing passes after the cold one (default 1)")
-    parser.add_argument("--output", default="eval.json", help="JSON report path (default eval.json)")
-    add_decode_args(parser)
-    args = parser.parse_args(argv)
-    cli.quiet_tensorflow()
-
-    from transformer.evaluation import evaluate, load_eval_split, save_report
-    from transformer.export import open_translator
-
-    sources, references = load_eval_split(
-        src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,
-        tfds_data_dir=args.tfds_data_dir, limit=args.limit)
-    config = decode_config_from_args(args)
-    translator = open_translator(args.model, config, args.checkpoint)
-    description = {
-        "model": str(Path(args.model).resolve()),
-        "data": args.src or args.data_dir or args.dataset,
-        "split": None if args.src else args.split,
-        "decode": getattr(translator, "config", None) and translator.config.to_dict(),
-        "exported_decode": getattr(translator, "manifest", {}).get("decode"),
-        "command": " ".join(sys.argv),
-    }
-    report = evaluate(translator.translate_with_lengths, sources, references, repeats=args.repeats,
-                      description=description)
-    save_report(report, args.output)
-    summary = {k: report[k] for k in ("num_sentences", "bleu", "bleu_lowercase", "chrf", "speed", "speed_cold")}
-    print(json.dumps(summary, indent=2))
-    print(f"report: {args.output}")
-    return 0
-
+from transformer.commands.evaluate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,47 +1,12 @@
 """Export a trained run as a self-contained SavedModel (tokenizers inside).
 
-    python scripts/export.py --run runs/bible --output exports/bible
-    python scripts/export.py --run runs/bible --output exports/bible-beam4 --beam 4 --xla
-
-Signature `serving_default`: {"sentences": tf.string [batch]} → {"translations": tf.string [batch]}
-(plus an `attention` signature; see transformer/export.py). Check it with
-    saved_model_cli show --dir exports/bible --all
+Usage and code: transformer/commands/export.py (`--help`). Runs the installed package
+(`pip install -e .`, README.md "Setup"), as the `transformer-export` command does.
 """
 
-import argparse
-import os
-import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
-
-from transformer import cli  # noqa: E402
-from transformer.translator import add_checkpoint_arg, add_decode_args, decode_config_from_args  # noqa: E402
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="training run directory (config.json, tokenizers/, checkpoints/)")
-    add_checkpoint_arg(parser)
-    parser.add_argument("--output", required=True, help="SavedModel directory to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    add_decode_args(parser)
-    args = parser.parse_args(argv)
-    cli.quiet_tensorflow()
-    config = decode_config_from_args(args)
-
-    from transformer.export import export_translator
-    from transformer.rundir import translator_from_run
-
-    translator = translator_from_run(args.run, config, args.checkpoint)
-    path = export_translator(translator, args.output, overwrite=args.overwrite,
-                             extra={"run_dir": str(Path(args.run).resolve())})
-    print(json.dumps({"export": str(path), "decode": config.to_dict()}, indent=2))
-    print(f"try: saved_model_cli show --dir {path} --tag_set serve --signature_def serving_default")
-    return 0
-
+from transformer.commands.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

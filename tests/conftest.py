@@ -21,9 +21,10 @@ os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 import pytest  # noqa: E402
 
 from transformer.config import DataConfig, ModelConfig, TokenizerConfig  # noqa: E402
+from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BIBLE_DIR = REPO_ROOT.parent / "shared" / "data" / "bible-pt-en"
+BIBLE_DIR = SHARED_CORPUS_DIR
 
 # The session tokenizers learn from the first TOKENIZER_PAIRS training pairs. Training tests
 # use the same slice and tokenizer root, so `train()` reuses these tokenizers (same key)

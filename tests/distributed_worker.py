@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _logical_cpus(count: int) -> None:

@@ -18,8 +18,9 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 from transformer.config import DataConfig, ModelConfig, TokenizerConfig  # noqa: E402
+from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
 
-BIBLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "bible-pt-en"
+BIBLE_DIR = SHARED_CORPUS_DIR
 TOKENIZER_PAIRS = 1000
 TOKENIZER_VOCAB = 600
 

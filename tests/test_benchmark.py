@@ -9,9 +9,10 @@ from conftest import script_main
 from tests.test_compare import write_report
 from transformer import benchmark
 from transformer.benchmark import Cell, make_cells
+from transformer.constants import SHARED_CORPUS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-BIBLE = REPO.parent / "shared" / "data" / "bible-pt-en"
+BIBLE = SHARED_CORPUS_DIR
 
 
 def test_cells_cross_levers_and_use_the_batch_unit_of_their_pipeline():

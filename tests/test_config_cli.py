@@ -17,10 +17,8 @@ TRAIN_SCRIPT = REPO_ROOT / "scripts" / "train.py"
 
 
 def load_train_script():
-    spec = importlib.util.spec_from_file_location("train_script", TRAIN_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The train command (scripts/train.py runs its `main`)."""
+    return importlib.import_module("transformer.commands.train")
 
 
 def test_run_config_json_round_trip(tmp_path):
@@ -173,7 +171,7 @@ def test_require_gpu_on_this_machine_lists_what_tensorflow_sees():
 
 def test_train_script_help_runs():
     result = subprocess.run([sys.executable, str(TRAIN_SCRIPT), "--help"], capture_output=True, text=True,
-                            timeout=60, cwd=REPO_ROOT)
+                            timeout=60, cwd=REPO_ROOT, env=cli.subprocess_env())
     assert result.returncode == 0, result.stderr
     for flag in ("--data", "--max-tokens", "--xla", "--no-xla", "--cased", "--resume", "--head-width"):
         assert flag in result.stdout

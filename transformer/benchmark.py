@@ -1,6 +1,6 @@
 """A matrix of short training runs, one step-time report per cell, and their comparison.
 
-Each cell is one `scripts/train.py` run in its own process (so precision policy, XLA
+Each cell is one training command (`transformer.commands.train`) run in its own process (so precision policy, XLA
 caches and memory never leak between cells, and one crashing cell does not stop the
 matrix), with the same data, model and number of steps. Cells differ only in the levers:
 pipeline (naive/optimized) × precision (auto/off/bfloat16/float16) × XLA (auto/off/on) ×
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from transformer import cli
 from transformer.compare import Run, compare, load_runs
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
 
 XLA_ARGS = {True: ["--xla"], False: ["--no-xla"], None: ["--xla", "auto"]}
@@ -78,13 +78,14 @@ def make_cells(pipelines: Sequence[str], precisions: Sequence[str], xla: Sequenc
 def run_cell(cell: Cell, output_root: Path, common_args: Sequence[str], timeout_s: Optional[float] = None) -> Path:
     """Runs one cell's training in a subprocess; returns its report path (written even on failure)."""
     output = output_root / cell.label
-    command = [sys.executable, str(TRAIN_SCRIPT), *common_args, *cell.train_args(),
-               "--output", str(output), "--label", cell.label, "--epochs", "1", "--verbose", "0"]
+    command = cli.command_line("train", *common_args, *cell.train_args(),
+                               "--output", str(output), "--label", cell.label, "--epochs", "1", "--verbose", "0")
     output.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(output / "train.log", "w") as log_file:
         try:
-            result = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout_s)
+            result = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                    env=cli.subprocess_env())
             status = f"exit {result.returncode}"
         except subprocess.TimeoutExpired:
             status = f"timeout after {timeout_s:.0f} s"

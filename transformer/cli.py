@@ -10,19 +10,52 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
-from transformer.config import (CorpusSpec, DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
+from transformer.config import (CorpusSpec, DataConfig, DecodeConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
                                 TrainConfig, parse_profile_steps)
-from transformer.constants import (BUDGET_CLOCKS, DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS,
-                                   STRATEGIES, XLA_MODES)
+from transformer.constants import (BUDGET_CLOCKS, CHECKOUT_DIR, CHECKPOINT_CHOICES, DEVICES, HEAD_WIDTHS, LR_SCHEDULES,
+                                   PIPELINE_KINDS, PRECISIONS, STRATEGIES, XLA_MODES)
 from transformer.presets import PRESETS
+from transformer.versions import VersionMismatchError, check_versions
 
 
 def quiet_tensorflow() -> None:
     """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
+            "benchmark_decoding", "compare_reports")  # modules of transformer/commands/, each with main(argv)
+
+
+def command_line(name: str, *args: str) -> list[str]:
+    """argv that runs command `name` of *this* checkout in a new Python process (with `subprocess_env`)."""
+    if name not in COMMANDS:
+        raise ValueError(f"unknown command {name!r}; one of {', '.join(COMMANDS)}")
+    return [sys.executable, "-m", f"transformer.commands.{name}", *map(str, args)]
+
+
+def subprocess_env(env: dict | None = None) -> dict:
+    """`env` (default: os.environ) with this checkout first on PYTHONPATH, so a child process
+    imports this package, installed or not, whatever its working directory."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def start() -> None:
+    """What every command does first, before TensorFlow is imported: quiet TensorFlow's start-up
+    chatter, configure logging, and check that TensorFlow and tensorflow-text match (else
+    `error: …` with the pip command that fixes it, exit status 2)."""
+    quiet_tensorflow()
+    try:
+        check_versions()
+    except VersionMismatchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> None:
@@ -208,3 +241,31 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     if "xla" in train:
         train["xla"] = XLA_CHOICES[train["xla"]]
     return base.replace(data=data, tokenizer=tokenizer, model=model, pipeline=pipeline, train=train).validate()
+
+
+def add_decode_args(parser) -> None:
+    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla) to an argparse parser."""
+    defaults = DecodeConfig()
+    group = parser.add_argument_group("decoding")
+    group.add_argument("--beam", type=int, default=defaults.beam_size, help="beam size (1 = greedy)")
+    group.add_argument("--alpha", type=float, default=defaults.alpha, help="GNMT length-penalty exponent (beam search)")
+    group.add_argument("--max-output-ratio", type=float, default=defaults.max_output_ratio,
+                       help="output tokens <= ratio * source tokens + extra")
+    group.add_argument("--max-output-extra", type=int, default=defaults.max_output_extra)
+    group.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="sentences decoded together")
+    group.add_argument("--xla", action=argparse.BooleanOptionalAction, default=defaults.jit_compile,
+                       help="compile the decode loop with XLA")
+
+
+def add_checkpoint_arg(parser) -> None:
+    """Adds --checkpoint: which weights of a training run directory to load."""
+    parser.add_argument("--checkpoint", default=CHECKPOINT_CHOICES[0],
+                        help="for a run directory: latest (default), best (by validation BLEU), averaged "
+                             "(scripts/average_checkpoints.py) or a checkpoint prefix")
+
+
+def decode_config_from_args(args) -> DecodeConfig:
+    """DecodeConfig from the flags of `add_decode_args`."""
+    return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
+                        max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
+                        jit_compile=args.xla).validate()

@@ -266,6 +266,43 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    """How the Translator decodes (not part of the model; saved with an export).
+
+    beam_size: 1 = greedy, else beam search with the GNMT length penalty `alpha`.
+    max_output_ratio, max_output_extra: output tokens ≤ ceil(ratio · source tokens) + extra
+        (and ≤ the model's max_length). 1.5 / 10 holds for 99.94% of the bible-pt-en
+        training pairs; it stops degenerate repetition early.
+    chunk_size: sentences decoded together (after sorting by length).
+    jit_compile: compile the decode loop with XLA.
+    length_bucket: with jit_compile, source lengths are padded to a multiple of this.
+    """
+
+    beam_size: int = 1
+    alpha: float = 0.6
+    max_output_ratio: float = 1.5
+    max_output_extra: int = 10
+    chunk_size: int = 128
+    jit_compile: bool = False
+    length_bucket: int = 16
+
+    def validate(self) -> "DecodeConfig":
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_output_ratio <= 0 or self.max_output_extra < 0:
+            raise ValueError("max_output_ratio must be > 0 and max_output_extra >= 0, got "
+                             f"{self.max_output_ratio} / {self.max_output_extra}")
+        if self.length_bucket < 1:
+            raise ValueError(f"length_bucket must be >= 1, got {self.length_bucket}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything one training run needs; saved as config.json with each checkpoint."""
 

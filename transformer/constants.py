@@ -7,6 +7,13 @@ the choice (devices, distribute, pipeline, schedule, rundir) read it from here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+# ---- where things are: this checkout, and the offline corpus shared beside it
+CHECKOUT_DIR = Path(__file__).resolve().parents[1]  # holds transformer/, scripts/, tests/
+SHARED_CORPUS = Path("shared", "data", "bible-pt-en")  # beside the clone: <clone>/../shared/... (read in place)
+SHARED_CORPUS_DIR = CHECKOUT_DIR.parent / SHARED_CORPUS
+
 # ---- special tokens: the first four entries of every vocabulary (tokenizer.py writes them)
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[START]", "[END]")
 PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3

@@ -15,10 +15,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer.constants import SHARED_CORPUS
+
 # Modules a Colab session may have imported before pip replaced them (then: restart the session).
 PRELOADED_MODULES = ("numpy", "tensorflow", "keras", "matplotlib")
 DRIVE_MOUNT = Path("/content/drive")
-BIBLE_CORPUS = Path("shared") / "data" / "bible-pt-en"  # next to the clone: <repo>/../shared/...
+BIBLE_CORPUS = SHARED_CORPUS  # next to the clone: <repo>/../shared/...
 
 
 def pip_install(*args: str) -> None:
