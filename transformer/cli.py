@@ -15,8 +15,8 @@ from pathlib import Path
 
 from transformer.config import (CorpusSpec, DataConfig, DecodeConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
                                 TrainConfig, parse_profile_steps)
-from transformer.constants import (BUDGET_CLOCKS, CHECKOUT_DIR, CHECKPOINT_CHOICES, DEVICES, HEAD_WIDTHS, LR_SCHEDULES,
-                                   PIPELINE_KINDS, PRECISIONS, STRATEGIES, XLA_MODES)
+from transformer.constants import (BUDGET_CLOCKS, CHECKOUT_DIR, CHECKPOINT_CHOICES, DEVICES, HEAD_WIDTHS, LAYER_NORMS,
+                                   LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES, TIE_EMBEDDINGS, XLA_MODES)
 from transformer.presets import PRESETS
 from transformer.versions import VersionMismatchError, check_versions
 
@@ -124,6 +124,8 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
                        help="lower-case and strip accents (the TF tutorial's choice)")
     group.add_argument("--tokenizers-root", dest="tokenizer_root", help="where built tokenizers go (default tokenizers/)")
+    group.add_argument("--shared-vocab", dest="shared_vocab", action=argparse.BooleanOptionalAction, default=None,
+                       help="one WordPiece vocabulary learned on both languages (--vocab-size in total)")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +138,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--head-width", choices=HEAD_WIDTHS,
                        help="tutorial: key_dim = d_model; paper: key_dim = d_model / heads")
     group.add_argument("--max-length", type=int, help="max tokens per sentence (longer ones are truncated)")
+    group.add_argument("--tie-embeddings", choices=TIE_EMBEDDINGS,
+                       help="output: the output projection is the target embedding transposed; all: also the "
+                            "source embedding (needs --shared-vocab); default none")
+    group.add_argument("--layer-norm", choices=LAYER_NORMS, help="post-norm (default) or pre-norm blocks")
+    group.add_argument("--attention-dropout", type=float, help="dropout on attention weights (default: --dropout)")
+    group.add_argument("--activation-dropout", type=float, help="dropout on the FFN's ReLU outputs (default 0)")
 
 
 def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
@@ -230,7 +238,8 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     data = _pick(args, {f: f for f in DataConfig.__dataclass_fields__})
     if data.get("corpora"):  # one tuple per --data flag → one tuple
         data["corpora"] = tuple(spec for specs in data["corpora"] for spec in specs)
-    tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root"})
+    tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root",
+                             "shared_vocab": "shared_vocab"})
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
                             "shuffle_buffer": "shuffle_buffer", "cache": "cache",

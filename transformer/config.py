@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from transformer import atomic
-from transformer.constants import (BUDGET_CLOCKS, DEVICES, HEAD_WIDTHS, LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS,
-                                   STRATEGIES, one_of)
+from transformer.constants import (BUDGET_CLOCKS, DEVICES, HEAD_WIDTHS, LAYER_NORMS, LR_SCHEDULES, PIPELINE_KINDS,
+                                   PRECISIONS, STRATEGIES, TIE_EMBEDDINGS, one_of)
 
 DEFAULT_TFDS_DATASET = "ted_hrlr_translate/pt_to_en"
 
@@ -103,6 +103,7 @@ class TokenizerConfig:
     lower_case: bool = False  # the default recipe keeps case (references are cased); the tutorial lower-cases
     root: str = "tokenizers"  # built tokenizers go to <root>/<key>/
     learn_max_examples: Optional[int] = None  # learn the vocab from at most N sentences
+    shared_vocab: bool = False  # one vocab learned on both languages (vocab_size in total), saved as src and tgt
 
     def validate(self) -> None:
         if self.vocab_size <= 4:  # [PAD] [UNK] [START] [END]
@@ -131,6 +132,10 @@ class ModelConfig:
     max_length: int = 128  # tokens per sequence, including [START]/[END]
     src_vocab_size: int = 0  # filled in from the tokenizers
     tgt_vocab_size: int = 0
+    tie_embeddings: str = "none"  # none | output (projection = target embedding) | all (+ source; shared vocab)
+    layer_norm: str = "post"  # post (Vaswani, tutorial) | pre (x + f(LN(x)), final LN on both stacks)
+    attention_dropout: Optional[float] = None  # dropout on attention probabilities; None: dropout_rate
+    activation_dropout: float = 0.0  # dropout on the FFN's ReLU outputs
 
     @property
     def key_dim(self) -> int:
@@ -147,8 +152,19 @@ class ModelConfig:
         for name in ("num_layers", "d_model", "num_heads", "dff", "max_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"model.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        for name in ("dropout_rate", "attention_dropout", "activation_dropout"):
+            rate = getattr(self, name)
+            if rate is not None and not 0.0 <= rate < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {rate}")
+        if self.tie_embeddings not in TIE_EMBEDDINGS:
+            raise ValueError(f"model.tie_embeddings must be {one_of(TIE_EMBEDDINGS)}, got {self.tie_embeddings!r}")
+        if self.layer_norm not in LAYER_NORMS:
+            raise ValueError(f"model.layer_norm must be {one_of(LAYER_NORMS)}, got {self.layer_norm!r}")
+        if (self.tie_embeddings == "all" and self.src_vocab_size and self.tgt_vocab_size
+                and self.src_vocab_size != self.tgt_vocab_size):
+            raise ValueError(
+                f"model.tie_embeddings 'all' needs one vocabulary for both languages (--shared-vocab), got "
+                f"src_vocab_size {self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}")
 
 
 @dataclass(frozen=True)
@@ -318,6 +334,9 @@ class RunConfig:
         self.model.validate()
         self.pipeline.validate()
         self.train.validate()
+        if self.model.tie_embeddings == "all" and not self.tokenizer.shared_vocab:
+            raise ValueError("model.tie_embeddings 'all' (--tie-embeddings all) needs tokenizer.shared_vocab "
+                             "(--shared-vocab): the source and target embeddings are one matrix")
         return self
 
     def replace(self, **sections: Any) -> "RunConfig":

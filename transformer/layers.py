@@ -51,6 +51,8 @@ class PositionalEmbedding(keras.layers.Layer):
         vocab_size: int. Number of token ids.
         d_model: int. Embedding width.
         max_length: int. Longest sequence (size of the position table).
+        embedding: optional `keras.layers.Embedding` to use instead of a new one (shared
+            source/target embeddings, see `transformer.tied`).
 
     Call arguments:
         token_ids: int tensor `[batch, seq_len]`.
@@ -60,16 +62,18 @@ class PositionalEmbedding(keras.layers.Layer):
         `[batch, seq_len, d_model]` in the layer's compute dtype.
     """
 
-    def __init__(self, vocab_size: int, d_model: int, max_length: int, **kwargs):
+    def __init__(self, vocab_size: int, d_model: int, max_length: int, embedding=None, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.max_length = max_length
-        self.embedding = keras.layers.Embedding(vocab_size, d_model, dtype=self.dtype_policy, name="token_embedding")
+        self.embedding = embedding or keras.layers.Embedding(vocab_size, d_model, dtype=self.dtype_policy,
+                                                             name="token_embedding")
         self._table = positional_encoding(max_length, d_model)
 
     def build(self, input_shape):
-        self.embedding.build(input_shape)
+        if not self.embedding.built:
+            self.embedding.build(input_shape)
         super().build(input_shape)
 
     def call(self, token_ids, start_index=0):
@@ -194,14 +198,20 @@ def _update_slice(cache, update, start):
 
 @keras.saving.register_keras_serializable(package="transformer")
 class FeedForward(keras.layers.Layer):
-    """Position-wise FFN: Dense(dff, relu) → Dense(d_model) → Dropout. `[B, T, d]` → same."""
+    """Position-wise FFN: Dense(dff, relu) → [Dropout(activation_dropout)] → Dense(d_model) → Dropout.
 
-    def __init__(self, d_model: int, dff: int, dropout_rate: float, **kwargs):
+    `[B, T, d]` → same. `activation_dropout` (default 0: none) drops ReLU outputs.
+    """
+
+    def __init__(self, d_model: int, dff: int, dropout_rate: float, activation_dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         self.d_model, self.dff, self.dropout_rate = d_model, dff, dropout_rate
+        self.activation_dropout = activation_dropout
         self.inner = keras.layers.Dense(dff, activation="relu", dtype=self.dtype_policy, name="inner")
         self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
         self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
+        self.inner_dropout = (keras.layers.Dropout(activation_dropout, dtype=self.dtype_policy)
+                              if activation_dropout else None)
 
     def build(self, input_shape):
         self.inner.build(input_shape)
@@ -209,10 +219,14 @@ class FeedForward(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x, training=None):
-        return self.dropout(self.outer(self.inner(x)), training=training)
+        hidden = self.inner(x)
+        if self.inner_dropout is not None:
+            hidden = self.inner_dropout(hidden, training=training)
+        return self.dropout(self.outer(hidden), training=training)
 
     def get_config(self):
-        return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate}
+        return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate,
+                "activation_dropout": self.activation_dropout}
 
 
 def _attention(num_heads, key_dim, dropout_rate, dtype_policy, name):
@@ -221,9 +235,46 @@ def _attention(num_heads, key_dim, dropout_rate, dtype_policy, name):
     )
 
 
+class _Block(keras.layers.Layer):
+    """What encoder and decoder blocks share: sizes, dropout rates and the norm position.
+
+    Post-norm (Vaswani et al., the tutorial): x = LN(x + f(x)). Pre-norm (Nguyen & Salazar
+    2019; needs a final LN on the stack's output, see `Transformer`): x = x + f(LN(x)).
+    attention_dropout: dropout on attention probabilities (None: dropout_rate).
+    activation_dropout: dropout on the FFN's ReLU outputs (default 0).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, dff: int, dropout_rate: float,
+                 pre_norm: bool = False, attention_dropout=None, activation_dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.num_heads, self.key_dim = d_model, num_heads, key_dim
+        self.dff, self.dropout_rate, self.pre_norm = dff, dropout_rate, pre_norm
+        self.attention_dropout, self.activation_dropout = attention_dropout, activation_dropout
+        self._attention_rate = dropout_rate if attention_dropout is None else attention_dropout
+
+    def _norm(self, name):
+        return keras.layers.LayerNormalization(dtype=self.dtype_policy, name=name)
+
+    def _sublayer_input(self, norm, x):
+        """What a sublayer reads: LN(x) with pre-norm, x with post-norm."""
+        return norm(x) if self.pre_norm else x
+
+    def _residual(self, norm, x, update):
+        """x + update (pre-norm) or LN(x + update) (post-norm)."""
+        return x + update if self.pre_norm else norm(x + update)
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
+                "key_dim": self.key_dim, "dff": self.dff, "dropout_rate": self.dropout_rate,
+                "pre_norm": self.pre_norm, "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout}
+
+
 @keras.saving.register_keras_serializable(package="transformer")
-class EncoderLayer(keras.layers.Layer):
-    """Post-norm encoder block: x = LN(x + SelfAttn(x)); x = LN(x + FFN(x)).
+class EncoderLayer(_Block):
+    """Encoder block: self-attention, FFN; post-norm LN(x + f(x)) or pre-norm x + f(LN(x)).
+
+    Args: see `_Block`.
 
     Call arguments:
         x: `[batch, src_len, d_model]`.
@@ -233,14 +284,14 @@ class EncoderLayer(keras.layers.Layer):
         `[batch, src_len, d_model]`.
     """
 
-    def __init__(self, d_model: int, num_heads: int, key_dim: int, dff: int, dropout_rate: float, **kwargs):
-        super().__init__(**kwargs)
-        self.d_model, self.num_heads, self.key_dim = d_model, num_heads, key_dim
-        self.dff, self.dropout_rate = dff, dropout_rate
-        self.self_attention = _attention(num_heads, key_dim, dropout_rate, self.dtype_policy, "self_attention")
-        self.attention_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="attention_norm")
-        self.ffn = FeedForward(d_model, dff, dropout_rate, dtype=self.dtype_policy, name="ffn")
-        self.ffn_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="ffn_norm")
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention = _attention(self.num_heads, self.key_dim, self._attention_rate, self.dtype_policy,
+                                         "self_attention")
+        self.attention_norm = self._norm("attention_norm")
+        self.ffn = FeedForward(self.d_model, self.dff, self.dropout_rate, self.activation_dropout,
+                               dtype=self.dtype_policy, name="ffn")
+        self.ffn_norm = self._norm("ffn_norm")
 
     def build(self, x_shape):
         self.self_attention.build(x_shape, x_shape)
@@ -250,18 +301,16 @@ class EncoderLayer(keras.layers.Layer):
         self.built = True
 
     def call(self, x, attention_mask=None, training=None):  # noqa: D102
-        attended = self.self_attention(x, x, attention_mask=attention_mask, training=training)
-        x = self.attention_norm(x + attended)
-        return self.ffn_norm(x + self.ffn(x, training=training))
-
-    def get_config(self):
-        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
-                "key_dim": self.key_dim, "dff": self.dff, "dropout_rate": self.dropout_rate}
+        h = self._sublayer_input(self.attention_norm, x)
+        x = self._residual(self.attention_norm, x,
+                           self.self_attention(h, h, attention_mask=attention_mask, training=training))
+        h = self._sublayer_input(self.ffn_norm, x)
+        return self._residual(self.ffn_norm, x, self.ffn(h, training=training))
 
 
 @keras.saving.register_keras_serializable(package="transformer")
-class DecoderLayer(keras.layers.Layer):
-    """Post-norm decoder block: causal self-attention, cross-attention, FFN.
+class DecoderLayer(_Block):
+    """Decoder block: causal self-attention, cross-attention, FFN; post- or pre-norm (`_Block`).
 
     Call arguments:
         x: `[batch, tgt_len, d_model]`.
@@ -277,16 +326,16 @@ class DecoderLayer(keras.layers.Layer):
         self_cache or None)`.
     """
 
-    def __init__(self, d_model: int, num_heads: int, key_dim: int, dff: int, dropout_rate: float, **kwargs):
-        super().__init__(**kwargs)
-        self.d_model, self.num_heads, self.key_dim = d_model, num_heads, key_dim
-        self.dff, self.dropout_rate = dff, dropout_rate
-        self.self_attention = _attention(num_heads, key_dim, dropout_rate, self.dtype_policy, "self_attention")
-        self.self_attention_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="self_attention_norm")
-        self.cross_attention = _attention(num_heads, key_dim, dropout_rate, self.dtype_policy, "cross_attention")
-        self.cross_attention_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="cross_attention_norm")
-        self.ffn = FeedForward(d_model, dff, dropout_rate, dtype=self.dtype_policy, name="ffn")
-        self.ffn_norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name="ffn_norm")
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        rate, policy = self._attention_rate, self.dtype_policy
+        self.self_attention = _attention(self.num_heads, self.key_dim, rate, policy, "self_attention")
+        self.self_attention_norm = self._norm("self_attention_norm")
+        self.cross_attention = _attention(self.num_heads, self.key_dim, rate, policy, "cross_attention")
+        self.cross_attention_norm = self._norm("cross_attention_norm")
+        self.ffn = FeedForward(self.d_model, self.dff, self.dropout_rate, self.activation_dropout,
+                               dtype=policy, name="ffn")
+        self.ffn_norm = self._norm("ffn_norm")
 
     def build(self, x_shape, memory_shape=None):
         memory_shape = memory_shape or x_shape
@@ -300,28 +349,27 @@ class DecoderLayer(keras.layers.Layer):
 
     def call(self, x, memory, self_attention_mask=None, cross_attention_mask=None, self_cache=None,
              cross_cache=None, cache_update_index=None, training=None):
+        h = self._sublayer_input(self.self_attention_norm, x)
         if self_cache is not None:
             attended, self_cache = self.self_attention(
-                x, x, attention_mask=self_attention_mask, cache=self_cache,
+                h, h, attention_mask=self_attention_mask, cache=self_cache,
                 cache_update_index=cache_update_index, training=training)
         else:
-            attended = self.self_attention(x, x, attention_mask=self_attention_mask, training=training)
-        x = self.self_attention_norm(x + attended)
+            attended = self.self_attention(h, h, attention_mask=self_attention_mask, training=training)
+        x = self._residual(self.self_attention_norm, x, attended)
+        h = self._sublayer_input(self.cross_attention_norm, x)
         if cross_cache is not None:
             attended, cross_scores, _ = self.cross_attention(
-                x, x, attention_mask=cross_attention_mask, cache=cross_cache, training=training,
+                h, h, attention_mask=cross_attention_mask, cache=cross_cache, training=training,
                 return_attention_scores=True)
         else:
             attended, cross_scores = self.cross_attention(
-                x, memory, attention_mask=cross_attention_mask, training=training, return_attention_scores=True)
-        x = self.cross_attention_norm(x + attended)
-        x = self.ffn_norm(x + self.ffn(x, training=training))
+                h, memory, attention_mask=cross_attention_mask, training=training, return_attention_scores=True)
+        x = self._residual(self.cross_attention_norm, x, attended)
+        h = self._sublayer_input(self.ffn_norm, x)
+        x = self._residual(self.ffn_norm, x, self.ffn(h, training=training))
         return x, cross_scores, self_cache
 
     def cross_cache_for(self, memory):
         """Precomputed cross-attention keys/values `[batch, 2, src_len, heads, key_dim]`."""
         return self.cross_attention.project_key_value(memory)
-
-    def get_config(self):
-        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
-                "key_dim": self.key_dim, "dff": self.dff, "dropout_rate": self.dropout_rate}

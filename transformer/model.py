@@ -19,6 +19,7 @@ import tensorflow as tf
 from transformer.config import ModelConfig
 from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
 from transformer.constants import PAD_ID
+from transformer.tied import TiedLogits
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -27,7 +28,12 @@ class Transformer(keras.Model):
 
     Args:
         num_layers, d_model, num_heads, dff, dropout_rate, head_width, max_length,
-        src_vocab_size, tgt_vocab_size: see `transformer.config.ModelConfig`.
+        src_vocab_size, tgt_vocab_size, tie_embeddings, layer_norm, attention_dropout,
+        activation_dropout: see `transformer.config.ModelConfig`.
+
+    With layer_norm "pre", the encoder output and the decoder output each get a final
+    LayerNormalization (`encoder_norm`, `decoder_norm`). With tie_embeddings "output" or
+    "all" the projection is a `transformer.tied.TiedLogits` over the target embedding.
 
     Call arguments:
         inputs: tuple `(src_ids [batch, src_len], tgt_in_ids [batch, tgt_len])`, int, pad 0.
@@ -38,19 +44,25 @@ class Transformer(keras.Model):
     """
 
     def __init__(self, num_layers=4, d_model=128, num_heads=8, dff=512, dropout_rate=0.1,
-                 head_width="tutorial", max_length=128, src_vocab_size=8000, tgt_vocab_size=8000, **kwargs):
+                 head_width="tutorial", max_length=128, src_vocab_size=8000, tgt_vocab_size=8000,
+                 tie_embeddings="none", layer_norm="post", attention_dropout=None, activation_dropout=0.0, **kwargs):
         super().__init__(**kwargs)
         self.config = ModelConfig(
             num_layers=num_layers, d_model=d_model, num_heads=num_heads, dff=dff,
             dropout_rate=dropout_rate, head_width=head_width, max_length=max_length,
-            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+            src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, tie_embeddings=tie_embeddings,
+            layer_norm=layer_norm, attention_dropout=attention_dropout, activation_dropout=activation_dropout,
         )
         self.config.validate()
         policy = self.dtype_policy
+        pre_norm = layer_norm == "pre"
         layer_args = dict(d_model=d_model, num_heads=num_heads, key_dim=self.config.key_dim, dff=dff,
-                          dropout_rate=dropout_rate, dtype=policy)
-        self.src_embedding = PositionalEmbedding(src_vocab_size, d_model, max_length, dtype=policy, name="src_embedding")
+                          dropout_rate=dropout_rate, pre_norm=pre_norm, attention_dropout=attention_dropout,
+                          activation_dropout=activation_dropout, dtype=policy)
         self.tgt_embedding = PositionalEmbedding(tgt_vocab_size, d_model, max_length, dtype=policy, name="tgt_embedding")
+        shared = self.tgt_embedding.embedding if tie_embeddings == "all" else None
+        self.src_embedding = PositionalEmbedding(src_vocab_size, d_model, max_length, embedding=shared, dtype=policy,
+                                                 name="src_embedding")
         self.src_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="src_dropout")
         self.tgt_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="tgt_dropout")
         # One attribute per block, not a list: on the TensorFlow backend Keras 3 wraps list
@@ -60,8 +72,14 @@ class Transformer(keras.Model):
             setattr(self, f"encoder_{i}", EncoderLayer(**layer_args, name=f"encoder_{i}"))
         for i in range(num_layers):
             setattr(self, f"decoder_{i}", DecoderLayer(**layer_args, name=f"decoder_{i}"))
+        # Final norms of the pre-norm stacks (a pre-norm block's output is un-normalised).
+        self.encoder_norm = keras.layers.LayerNormalization(dtype=policy, name="encoder_norm") if pre_norm else None
+        self.decoder_norm = keras.layers.LayerNormalization(dtype=policy, name="decoder_norm") if pre_norm else None
         # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16.
-        self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
+        if tie_embeddings == "none":
+            self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
+        else:
+            self.final_layer = TiedLogits(self.tgt_embedding.embedding, name="logits")
 
     @property
     def encoder_layers(self) -> list:
@@ -85,6 +103,9 @@ class Transformer(keras.Model):
             layer.build(hidden)
         for layer in self.decoder_layers:
             layer.build(hidden, hidden)
+        for norm in (self.encoder_norm, self.decoder_norm):
+            if norm is not None:
+                norm.build(hidden)
         self.final_layer.build(hidden)
         self.built = True
 
@@ -102,6 +123,8 @@ class Transformer(keras.Model):
         attention_mask = src_mask[:, tf.newaxis, :]  # [B, 1, S]
         for layer in self.encoder_layers:
             x = layer(x, attention_mask=attention_mask, training=training)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
         return x, src_mask
 
     def decode(self, tgt_ids, memory, src_mask, training=None):
@@ -115,7 +138,7 @@ class Transformer(keras.Model):
         for layer in self.decoder_layers:
             x, cross_scores, _ = layer(x, memory, self_attention_mask=self_mask,
                                        cross_attention_mask=cross_mask, training=training)
-        return self.final_layer(x), cross_scores
+        return self.logits(x), cross_scores
 
     # ---- incremental decoding ---------------------------------------------------------
     def init_cache(self, memory, src_mask, max_length: int):
@@ -159,7 +182,13 @@ class Transformer(keras.Model):
                 x, None, self_attention_mask=self_mask, cross_attention_mask=cross_mask,
                 self_cache=self_cache, cross_cache=cross_cache, cache_update_index=index)
             new_self.append(self_cache)
-        return self.final_layer(x), {"self": new_self, "cross": cache["cross"]}, cross_scores
+        return self.logits(x), {"self": new_self, "cross": cache["cross"]}, cross_scores
+
+    def logits(self, x):
+        """Decoder output `[B, T, d_model]` → logits `[B, T, V]` float32 (final norm if pre-norm)."""
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.final_layer(x)
 
     def get_config(self):
         base = super().get_config()

@@ -127,12 +127,15 @@ def tokenizer_key(corpus: ParallelCorpus, config: TokenizerConfig) -> str:
             learn_max_examples=config.learn_max_examples,
             reserved=RESERVED_TOKENS,
             format=FORMAT_VERSION,
+            # Only when set, so the keys (and directories) of per-language vocabularies stay as they were.
+            **({"shared_vocab": True} if config.shared_vocab else {}),
         ),
         sort_keys=True,
     )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     case = "lower" if config.lower_case else "cased"
-    return f"{corpus.name}-wp{config.vocab_size}-{case}-{digest}"
+    shared = "-shared" if config.shared_vocab else ""
+    return f"{corpus.name}-wp{config.vocab_size}{shared}-{case}-{digest}"
 
 
 def learn_vocab(sentences: tf.data.Dataset, config: TokenizerConfig) -> list[str]:
@@ -155,8 +158,12 @@ def build_or_load_tokenizers(corpus: ParallelCorpus, config: TokenizerConfig) ->
         log.info("reusing tokenizers in %s", directory)
         return load_tokenizers(directory), directory
     start = time.perf_counter()
-    src_vocab = learn_vocab(corpus.train.map(lambda s, t: s), config)
-    tgt_vocab = learn_vocab(corpus.train.map(lambda s, t: t), config)
+    if config.shared_vocab:  # one vocabulary learned on both sides, saved as both (same ids)
+        both = corpus.train.flat_map(lambda s, t: tf.data.Dataset.from_tensor_slices(tf.stack([s, t])))
+        src_vocab = tgt_vocab = learn_vocab(both, config)
+    else:
+        src_vocab = learn_vocab(corpus.train.map(lambda s, t: s), config)
+        tgt_vocab = learn_vocab(corpus.train.map(lambda s, t: t), config)
     save_tokenizers(directory, src_vocab, tgt_vocab, config, corpus)
     log.info(
         "built tokenizers in %.1f s: %s (src vocab %d, tgt vocab %d)",
@@ -180,6 +187,7 @@ def save_tokenizers(
             reserved_tokens=list(RESERVED_TOKENS),
             lower_case=config.lower_case,
             vocab_size_requested=config.vocab_size,
+            shared_vocab=config.shared_vocab,
             src_vocab_size=len(src_vocab),
             tgt_vocab_size=len(tgt_vocab),
             corpus=None if corpus is None else dict(name=corpus.name, fingerprint=corpus.fingerprint),
