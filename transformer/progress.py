@@ -12,8 +12,9 @@ against the budget instead:
   the train clock, the training time left plus the evaluations still to come (scheduled
   ones and the final one, each as long as the longest so far) and the final checkpoint.
 
-verbose 1 rewrites one line in place (at most once a second); verbose 2 prints a line every
-`every_s` seconds (default 60) and at each epoch end, for logs.
+verbose 1 rewrites one line in place (at most once a second) on a terminal or in a notebook;
+verbose 2, or output to a file, prints a line every `every_s` seconds (default 60) and at
+each epoch end, for logs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from typing import Optional, TextIO
 import keras
 
 from transformer.budget import TrainingClock
+
+
+def dynamic_display(stream: Optional[TextIO] = None) -> bool:
+    """True when a line can be rewritten in place (`\\r`): a terminal or a Jupyter kernel."""
+    stream = stream or sys.stdout
+    return "ipykernel" in sys.modules or (hasattr(stream, "isatty") and stream.isatty())
 
 
 class BudgetProgress(keras.callbacks.Callback):
@@ -111,7 +118,8 @@ class BudgetProgress(keras.callbacks.Callback):
         records = getattr(self.report, "records", None)
         if not records:
             return None
-        recent = [r for r in records[-50:] if r.tgt_tokens is not None]
+        steady = records[getattr(self.report, "warmup_steps", 0):]  # not the first step's compilation
+        recent = [r for r in steady[-50:] if r.tgt_tokens is not None]
         seconds = sum(r.time_s for r in recent)
         return sum(r.tgt_tokens for r in recent) / seconds if recent and seconds > 0 else None
 

@@ -49,7 +49,7 @@ from transformer.model import Transformer
 from transformer.pipeline import make_batches, tokenize_pairs
 from transformer.precision import decide_precision
 from transformer.profiling import StepProfiler
-from transformer.progress import BudgetProgress
+from transformer.progress import BudgetProgress, dynamic_display
 from transformer.reports import StepTimeReport, error_info
 from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
                                 TOKENIZER_DIR, RunCheckpoints, build_model)
@@ -338,7 +338,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         *extra_callbacks,
     ]
     if budget_s is not None and config.train.verbose:  # instead of Keras' bar (`Epoch 2/1000000`, `N/Unknown`)
-        callbacks.append(BudgetProgress(clock, report, bleu, in_place=config.train.verbose == 1))
+        in_place = config.train.verbose == 1 and dynamic_display()
+        callbacks.append(BudgetProgress(clock, report, bleu, in_place=in_place))
 
     nothing_to_train = clock.budget_spent()  # resumed with its budget used up (fit would take one step)
     if nothing_to_train:
