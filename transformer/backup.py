@@ -41,6 +41,7 @@ from typing import Optional
 import keras
 
 from transformer import atomic
+from transformer.faults import check_finite_weights, saving
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +147,24 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
     def _step(self) -> int:
         return int(self.model.optimizer.iterations.numpy())
 
+    def save_now(self) -> Path:
+        """A snapshot of the current position (e.g. before stopping on a signal)."""
+        if self.steps_per_epoch is not None and self._epoch_batches >= self.steps_per_epoch:
+            return self._save_snapshot(self._current_epoch + 1, 0)
+        return self._save_snapshot(self._current_epoch, self._epoch_batches)
+
     def _save_snapshot(self, epoch: int, batches_done: int) -> Path:
-        """Writes weights + metadata to a temp directory, then renames it into place."""
+        """Writes weights + metadata to a temp directory, then renames it into place.
+
+        Non-finite weights are never saved (TrainingDiverged); a full disk leaves the
+        previous snapshot in place (DiskFullError)."""
+        check_finite_weights(self.model, "backup snapshot")
         step = self._step()
         final = self.write_path / f"snapshot-{step:012d}-{epoch:06d}"  # replaced if the same state is saved again
-        with atomic.staged_directory(final, prefix=".tmp-snapshot-", durable=True) as staging:
-            self.model.save_weights(str(staging / WEIGHTS_FILE))
-            atomic.write_json(staging / METADATA_FILE, {"epoch": epoch, "batches_done": batches_done, "step": step})
+        with saving(f"backup snapshot at step {step}", lambda: next(iter(map(str, snapshots(self.write_path))), None)):
+            with atomic.staged_directory(final, prefix=".tmp-snapshot-", durable=True) as staging:
+                self.model.save_weights(str(staging / WEIGHTS_FILE))
+                atomic.write_json(staging / METADATA_FILE, {"epoch": epoch, "batches_done": batches_done, "step": step})
         self._last_saved_step = step
         self._prune(keep=final)
         return final

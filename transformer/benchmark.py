@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 
 from transformer import cli
 from transformer.compare import Run, compare, load_runs
+from transformer.errors import ProjectError
 
 
 
@@ -98,7 +99,7 @@ def run_matrix(cells: Sequence[Cell], output_root: Path, common_args: Sequence[s
     """Runs every cell, then writes comparison.md, comparison.png, sweep.md and matrix.json in output_root.
 
     Returns the comparison table followed by the sweep table. One cell is enough (its table
-    has a single row); no report at all is a RuntimeError.
+    has a single row); no report at all is a ProjectError.
     """
     output_root.mkdir(parents=True, exist_ok=True)
     reports = [run_cell(cell, output_root, common_args, timeout_s) for cell in cells]
@@ -107,7 +108,7 @@ def run_matrix(cells: Sequence[Cell], output_root: Path, common_args: Sequence[s
         {"common_args": list(common_args), "cells": [cell.label for cell in cells],
          "reports": [str(path) for path in present]}, indent=2) + "\n")
     if not present:
-        raise RuntimeError(f"no cell produced a report; see the train.log files in {output_root}")
+        raise ProjectError(f"no cell produced a report; see the train.log files in {output_root}")
     table = compare(present, plot=output_root / "comparison.png", markdown=output_root / "comparison.md")
     sweep = sweep_table(load_runs(present))
     (output_root / "sweep.md").write_text(sweep, encoding="utf-8")

@@ -17,8 +17,9 @@ from transformer.config import (CorpusSpec, DataConfig, DecodeConfig, ModelConfi
                                 TrainConfig, parse_profile_steps)
 from transformer.constants import (BUDGET_CLOCKS, CHECKOUT_DIR, CHECKPOINT_CHOICES, DEVICES, HEAD_WIDTHS, LAYER_NORMS,
                                    LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES, TIE_EMBEDDINGS, XLA_MODES)
+from transformer.errors import ArtifactError, ConfigError
 from transformer.presets import PRESETS
-from transformer.versions import VersionMismatchError, check_versions
+from transformer.versions import check_versions
 
 
 def quiet_tensorflow() -> None:
@@ -49,13 +50,9 @@ def subprocess_env(env: dict | None = None) -> dict:
 def start() -> None:
     """What every command does first, before TensorFlow is imported: quiet TensorFlow's start-up
     chatter, configure logging, and check that TensorFlow and tensorflow-text match (else
-    `error: …` with the pip command that fixes it, exit status 2)."""
+    `error: …` with the pip command that fixes it, exit status 2, through `errors.command`)."""
     quiet_tensorflow()
-    try:
-        check_versions()
-    except VersionMismatchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    check_versions()  # VersionMismatchError: `error:`/`hint:`, exit 2 (transformer/errors.py `command`)
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> None:
@@ -249,7 +246,51 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})
     if "xla" in train:
         train["xla"] = XLA_CHOICES[train["xla"]]
-    return base.replace(data=data, tokenizer=tokenizer, model=model, pipeline=pipeline, train=train).validate()
+    try:
+        config = base.replace(data=data, tokenizer=tokenizer, model=model, pipeline=pipeline, train=train).validate()
+    except (ValueError, TypeError) as err:  # validate() names the config key; add the flag
+        raise ConfigError(f"{err}{_flag_note(str(err))}") from err
+    if config.train.resume:
+        check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer})
+    return config
+
+
+def resume_conflicts(run_dir: str, given: dict[str, dict]) -> list[tuple[str, object, object]]:
+    """[(section.key, given value, saved value)] where `given` ({section: {key: value}}) contradicts
+    `run_dir`/config.json; [] when there is no saved config yet (a fresh run with --resume)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return []
+    try:
+        saved = RunConfig.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ArtifactError(f"{path} is damaged: {err}",
+                            hint="restore it, or train a new run in another --output") from err
+    return [(f"{section}.{key}", value, getattr(getattr(saved, section), key))
+            for section, values in given.items() for key, value in values.items()
+            if key != "root" and getattr(getattr(saved, section), key) != value]
+
+
+def check_resume_flags(run_dir: str, given: dict[str, dict]) -> None:
+    """ConfigError listing the typed flags that contradict the run's saved config.json (with --resume)."""
+    conflicts = resume_conflicts(run_dir, given)
+    if conflicts:
+        lines = [f"--{_FLAG_NAMES.get(key.split('.')[-1], key.split('.')[-1].replace('_', '-'))} {typed!r} "
+                 f"(the run has {key} = {saved!r})" for key, typed, saved in conflicts]
+        raise ConfigError(f"--resume: {len(lines)} flag(s) contradict {run_dir}/config.json: " + "; ".join(lines),
+                          hint="drop those flags to continue the run as it was, or train a new run in another --output")
+
+
+_FLAG_NAMES = {"dropout_rate": "dropout", "time_budget_minutes": "time-budget", "peak_learning_rate": "peak-lr",
+               "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data"}
+
+
+def _flag_note(message: str) -> str:
+    """" (flag --x)" for the `section.key` a config error message starts with."""
+    key = message.split(" ", 1)[0].split(".")[-1]
+    if not key.isidentifier():
+        return ""
+    return f" (flag --{_FLAG_NAMES.get(key, key.replace('_', '-'))})"
 
 
 def add_decode_args(parser) -> None:

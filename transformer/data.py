@@ -27,12 +27,16 @@ import tensorflow as tf
 
 from transformer.config import CorpusSpec, DataConfig
 from transformer.mixing import LEARN_SEED, Mixture, MixturePart
+from transformer.config import DataConfig
+from transformer.errors import InputError
 
 log = logging.getLogger(__name__)
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError, ValueError):
     """Bad corpus input; the message names the file (and line) at fault."""
+
+    hint = "fix the file and line named above (UTF-8 text, one sentence per line, both sides the same length)"
 
 
 @dataclass
@@ -158,6 +162,8 @@ def read_parallel_files(src_path: Path, tgt_path: Path) -> tuple[list[str], list
 
 
 def _read_lines(path: Path) -> list[str]:
+    if path.is_dir():
+        raise CorpusError(f"{path} is a directory; expected a text file with one sentence per line")
     if not path.is_file():
         raise CorpusError(f"corpus file not found: {path}")
     data = path.read_bytes()

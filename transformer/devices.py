@@ -13,12 +13,15 @@ import tensorflow as tf
 
 from transformer.constants import DEVICES, PRECISION_MODES, one_of
 from transformer.precision import POLICIES
+from transformer.errors import InputError
 
 log = logging.getLogger(__name__)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(InputError, RuntimeError):
     """The requested device is not available; the message says how to fix the runtime."""
+
+    hint = "--device auto uses a GPU when TensorFlow sees one, else the CPU"
 
 
 def visible_devices_report() -> str:

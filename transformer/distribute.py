@@ -43,14 +43,17 @@ from typing import Optional
 import tensorflow as tf
 
 from transformer.constants import STRATEGIES
+from transformer.errors import InputError
 
 log = logging.getLogger(__name__)
 
 DEFAULT = "default"  # what "auto" resolves to on one device: TensorFlow's default strategy
 
 
-class DistributeError(RuntimeError):
+class DistributeError(InputError, RuntimeError):
     """A strategy cannot be set up here; the message says what is missing and how to fix it."""
+
+    hint = "fix TF_CONFIG (README: Distributed training) or unset it to train on one machine"
 
 
 # ---------------------------------------------------------------------------- TF_CONFIG

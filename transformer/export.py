@@ -31,6 +31,8 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the tokenizer ops for loading)
 
 from transformer import atomic
+from transformer.artifacts import EXPORT_HINT, load_saved_model
+from transformer.errors import MissingFileError, OutputExistsError
 from transformer.rundir import is_run_dir, translator_from_run
 from transformer.translator import DecodeConfig, as_string_batch
 
@@ -55,7 +57,8 @@ def export_translator(translator, path: str | Path, *, overwrite: bool = False, 
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it")
+        raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it",
+                                hint="scripts/export.py --overwrite replaces it, or choose another --output")
     with atomic.staged_directory(path) as staging:
         signatures = {
             SERVING_SIGNATURE: translator.serve.get_concrete_function(),
@@ -103,8 +106,9 @@ class ExportedTranslator:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not (self.path / "saved_model.pb").is_file():
-            raise FileNotFoundError(f"no SavedModel at {self.path} (expected {self.path / 'saved_model.pb'})")
-        self.module = tf.saved_model.load(str(self.path))
+            raise MissingFileError(f"no SavedModel at {self.path} (expected {self.path / 'saved_model.pb'})",
+                                   hint=EXPORT_HINT.format(path=self.path))
+        self.module = load_saved_model(self.path, f"export {self.path}", EXPORT_HINT.format(path=self.path))
         self.serving = self.module.signatures[SERVING_SIGNATURE]
         self.attention_signature = self.module.signatures[ATTENTION_SIGNATURE]
         manifest = self.path / MANIFEST
@@ -141,5 +145,6 @@ def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str
         return load_exported(path)
     if is_run_dir(path):
         return translator_from_run(path, config, checkpoint)
-    raise FileNotFoundError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
-                            "directory (config.json + checkpoints/)")
+    raise MissingFileError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
+                           "directory (config.json + checkpoints/)",
+                           hint="--model takes a training run's --output directory or scripts/export.py's --output")

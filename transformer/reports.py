@@ -4,7 +4,7 @@ Units: seconds (s), bytes, tokens/s, examples/s, FLOPs, FLOP/s; shares are perce
 
 `report.json` holds the environment (library versions, device, CPU, `nvidia-smi`), the
 caller's free-form `run` description (precision, XLA, pipeline, batching, model...), the
-state of the run ("running", "completed", "crashed", "interrupted"), the error if any, and
+state of the run ("running", "completed", "crashed", "interrupted", "diverged"), the error if any, and
 a steady-state `summary`; `report_steps.csv` holds one row per recorded step (one row per
 Keras execution when `steps_per_execution > 1`; `batches` says how many steps it covers).
 
@@ -43,9 +43,10 @@ import numpy as np
 import psutil
 
 from transformer import atomic
+from transformer.errors import InputError, MissingFileError
 
 SCHEMA_VERSION = 1
-STATES = ("running", "completed", "crashed", "interrupted")
+STATES = ("running", "completed", "crashed", "interrupted", "diverged")
 REQUIRED_KEYS = (
     "schema_version",
     "environment",
@@ -428,8 +429,8 @@ class StepTimeReport:
         except KeyboardInterrupt as err:
             self._finish_quietly("interrupted", err)
             raise
-        except Exception as err:
-            self._finish_quietly("crashed", err)
+        except Exception as err:  # an error may name its own state (faults.TrainingDiverged: "diverged")
+            self._finish_quietly(getattr(err, "report_state", "crashed"), err)
             raise
         except BaseException as err:  # SystemExit, GeneratorExit: stopped, not failed
             self._finish_quietly("interrupted", err)
@@ -450,22 +451,28 @@ class StepTimeReport:
 # ---------------------------------------------------------------------------- reading
 
 
+class ReportError(InputError, ValueError):
+    """A file given as a step-time report is not one; the message names it."""
+
+    hint = "pass the report.json that scripts/train.py wrote in the run directory"
+
+
 def load_report(path: str | Path) -> dict:
     """Reads a report JSON and checks it has every required key; errors name the file."""
     path = Path(path)
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"step-time report not found: {path}") from None
+        raise MissingFileError(f"step-time report not found: {path}", hint=ReportError.hint) from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
+        raise ReportError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(report, dict):
-        raise ValueError(f"{path}: not a step-time report (expected a JSON object)")
+        raise ReportError(f"{path}: not a step-time report (expected a JSON object)")
     missing = [key for key in REQUIRED_KEYS if key not in report]
     if missing:
-        raise ValueError(f"{path}: not a step-time report, missing keys {missing}")
+        raise ReportError(f"{path}: not a step-time report, missing keys {missing}")
     if report["state"] not in STATES:
-        raise ValueError(f"{path}: state must be one of {STATES}, got {report['state']!r}")
+        raise ReportError(f"{path}: state must be one of {STATES}, got {report['state']!r}")
     return report
 
 
@@ -491,4 +498,4 @@ def load_steps(json_path: str | Path, report: Optional[dict] = None) -> list[dic
         with open(csv_path, newline="", encoding="utf-8") as f:
             return [{k: _parse_cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
     except FileNotFoundError:
-        raise FileNotFoundError(f"{json_path}: per-step CSV not found: {csv_path}") from None
+        raise MissingFileError(f"{json_path}: per-step CSV not found: {csv_path}") from None

@@ -26,9 +26,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from transformer import atomic
+from transformer import artifacts, atomic
 from transformer.config import ModelConfig, RunConfig
 from transformer.constants import CHECKPOINT_CHOICES
+from transformer.errors import ConfigError, MissingFileError
+from transformer.faults import check_finite_weights, saving
 from transformer.model import Transformer
 from transformer.tokenizer import load_tokenizers
 from transformer.translator import DecodeConfig, Translator
@@ -68,6 +70,7 @@ class RunCheckpoints:
                  read_directory: Optional[Path] = None, train_elapsed_s: Optional[tf.Variable] = None):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         extra = {"train_elapsed_s": train_elapsed_s} if train_elapsed_s is not None else {}
+        self.model = model
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch, **extra)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=max_to_keep)
         self.read_directory = Path(read_directory if read_directory is not None else directory)
@@ -79,8 +82,18 @@ class RunCheckpoints:
         return path
 
     def save(self, epoch: int) -> str:
+        """Saves (epoch = finished epochs); never non-finite weights; a full disk keeps the previous one."""
+        check_finite_weights(self.model, "checkpoint")
         self.epoch.assign(epoch)
-        return self.manager.save()
+        with saving(f"a checkpoint in {self.manager.directory}", lambda: self.manager.latest_checkpoint):
+            return self.manager.save()
+
+
+CHECKPOINT_HINTS = {
+    "latest": "train first (scripts/train.py --output <run>); checkpoints are written at every epoch end",
+    "best": "best/ is written when training computes validation BLEU (--bleu-sentences > 0)",
+    "averaged": "create it with: python scripts/average_checkpoints.py <run>",
+}
 
 
 def checkpoint_path(run_dir: str | Path, which: str = "latest") -> str:
@@ -91,10 +104,10 @@ def checkpoint_path(run_dir: str | Path, which: str = "latest") -> str:
     if which not in directories:
         if tf.io.gfile.exists(f"{which}.index"):
             return which
-        raise ValueError(f"checkpoint must be one of {CHECKPOINT_CHOICES} or a checkpoint prefix, got {which!r}")
+        raise ConfigError(f"checkpoint must be one of {CHECKPOINT_CHOICES} or a checkpoint prefix, got {which!r}")
     latest = tf.train.latest_checkpoint(str(directories[which]))
     if latest is None:
-        raise FileNotFoundError(f"no {which} checkpoint in {directories[which]}")
+        raise MissingFileError(f"no {which} checkpoint in {directories[which]}", hint=CHECKPOINT_HINTS[which])
     return latest
 
 
@@ -104,11 +117,11 @@ def load_trained_model(run_dir: str | Path, checkpoint: str = "latest") -> tuple
     `checkpoint`: see `checkpoint_path` (latest, best, averaged or a prefix).
     """
     run_dir = Path(run_dir)
-    config = RunConfig.load(run_dir / CONFIG_FILE)
+    config = artifacts.load_run_config(run_dir)
+    path = checkpoint_path(run_dir, checkpoint)
     tokenizers = load_tokenizers(run_dir / TOKENIZER_DIR)
     model = build_model(config.model)
-    path = checkpoint_path(run_dir, checkpoint)
-    tf.train.Checkpoint(model=model).restore(path).expect_partial()
+    artifacts.restore_model_weights(model, path, run_dir)
     return model, tokenizers, config
 
 
@@ -131,7 +144,8 @@ def run_checkpoints(run_dir: str | Path) -> list[str]:
     directory = Path(run_dir) / CHECKPOINT_DIR
     state = tf.train.get_checkpoint_state(str(directory))
     if state is None or not state.all_model_checkpoint_paths:
-        raise FileNotFoundError(f"no checkpoints in {directory}")
+        raise MissingFileError(f"no checkpoints in {directory}",
+                               hint="train with --keep-checkpoints N (and --checkpoint-every-steps) to have several")
     return list(state.all_model_checkpoint_paths)
 
 
@@ -142,7 +156,7 @@ def average_checkpoints(run_dir: str | Path, last: int = 5) -> Path:
     optimizer); the step counters of the averaged checkpoints are written to `averaged.json`.
     """
     if last < 1:
-        raise ValueError(f"--last must be >= 1, got {last}")
+        raise ConfigError(f"--last must be >= 1, got {last}")
     run_dir = Path(run_dir)
     paths = run_checkpoints(run_dir)[-last:]
     if len(paths) < last:

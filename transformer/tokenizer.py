@@ -28,9 +28,11 @@ import tensorflow_text as tf_text  # noqa: F401  (registers the ops the SavedMod
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
 from transformer import atomic
+from transformer.artifacts import load_saved_model
 from transformer.config import TokenizerConfig
 from transformer.constants import END_ID, RESERVED_TOKENS, START_ID
 from transformer.data import ParallelCorpus
+from transformer.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,11 @@ FORMAT_VERSION = 1
 _REQUIRED_FILES = ("saved_model.pb", "variables", "manifest.json", "src_vocab.txt", "tgt_vocab.txt")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(InputError, ValueError):
     """A tokenizer directory is missing, incomplete or inconsistent."""
+
+    hint = ("rebuild the tokenizers: python scripts/build_tokenizers.py --data <corpus dir> "
+            "(scripts/train.py also builds them when missing)")
 
 
 def _bert_params(lower_case: bool) -> dict:
@@ -216,9 +221,11 @@ def load_tokenizers(directory: str | Path):
             f"tokenizer directory {directory} is incomplete: missing {', '.join(missing)}; "
             "delete it and rebuild with scripts/build_tokenizers.py"
         )
-    manifest = json.loads((directory / "manifest.json").read_text())
-    if manifest.get("format") != FORMAT_VERSION:
-        raise TokenizerError(
-            f"{directory}/manifest.json: format {manifest.get('format')} != {FORMAT_VERSION}; rebuild it"
-        )
-    return tf.saved_model.load(str(directory))
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (ValueError, OSError) as err:
+        raise TokenizerError(f"{directory}/manifest.json is damaged ({err})") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+        found = manifest.get("format") if isinstance(manifest, dict) else manifest
+        raise TokenizerError(f"{directory}/manifest.json: format {found} != {FORMAT_VERSION}; rebuild it")
+    return load_saved_model(directory, f"tokenizer SavedModel {directory}", TokenizerError.hint, TokenizerError)

@@ -26,6 +26,7 @@ otherwise — down to `--auto-batch-floor` (default `AUTO_BATCH_FLOOR_TOKENS` /
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -43,6 +44,8 @@ from transformer.budget import TrainingClock
 from transformer.config import ModelConfig, PipelineConfig, RunConfig, parse_profile_steps
 from transformer.data import load_corpus
 from transformer.devices import select_device, set_precision
+from transformer.errors import OutputExistsError
+from transformer.faults import DivergenceGuard, InterruptHandler
 from transformer.flops import TransformerDims
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
@@ -53,6 +56,7 @@ from transformer.progress import BudgetProgress, dynamic_display
 from transformer.reports import StepTimeReport, error_info
 from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
                                 TOKENIZER_DIR, RunCheckpoints, build_model)
+from transformer.runlock import RunLock, make_run_dir
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.timing import BatchCounts, BatchTimer, batch_counts
 from transformer.tokenizer import build_or_load_tokenizers
@@ -130,6 +134,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+
+    def save_now(self) -> str:
+        """A checkpoint of the current (unfinished) epoch, e.g. before stopping on a signal."""
+        return self._save(self._epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
@@ -241,12 +249,21 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     run_dir = Path(config.train.output_dir)
     strategy_name = distribute.resolve_strategy_name(config.train.strategy)
     role = distribute.task_role(strategy_name)
+    with contextlib.ExitStack() as stack:
+        if role.is_chief:  # one writer per run directory (other workers write to temporary directories)
+            stack.enter_context(RunLock(make_run_dir(run_dir)))
+        interrupts = stack.enter_context(InterruptHandler())
+        return _train_locked(config, run_dir, strategy_name, role, interrupts, extra_callbacks)
+
+
+def _train_locked(config: RunConfig, run_dir: Path, strategy_name: str, role: distribute.TaskRole,
+                  interrupts: InterruptHandler, extra_callbacks: tuple) -> TrainResult:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     backup = _has_backup(run_dir)
     if not (config.train.resume or backup) and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
-        raise FileExistsError(
-            f"{run_dir} already holds checkpoints; pass --resume to continue that run or choose another --output"
-        )
+        raise OutputExistsError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run or choose another --output",
+            hint="one run directory holds one run (README: When something goes wrong)")
     if backup and not config.train.resume:
         log.info("%s holds a backup of an interrupted run: continuing it", run_dir / BACKUP_DIR)
     if config.train.auto_batch and strategy_name == "multi-worker":
@@ -254,20 +271,21 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
                     "error on one worker stops the job (restart it with a smaller batch)")
     write_dir = role.write_dir(run_dir)
     try:
-        write_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(write_dir)
         report = StepTimeReport(write_dir / REPORT_FILE, run=run_description(config),
                                 steps_planned=config.train.planned_steps)
         if config.train.resume or backup:
             report.continue_from_disk()  # a resumed run appends to its earlier measurements
         with report.guard():
             return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
-                          report, extra_callbacks)
+                          report, extra_callbacks, interrupts)
     finally:
         role.cleanup(write_dir, run_dir)
 
 
 def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str, role: distribute.TaskRole,
-           resuming: bool, report: StepTimeReport, extra_callbacks: tuple) -> TrainResult:
+           resuming: bool, report: StepTimeReport, extra_callbacks: tuple,
+           interrupts: Optional[InterruptHandler] = None) -> TrainResult:
     started = time.perf_counter()
     device = select_device(config.train.device)
     strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
@@ -327,7 +345,11 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     profiler = None
     if config.train.profile_steps:
         profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
+    if interrupts is not None:  # on SIGINT/SIGTERM: save the exact position, then stop
+        interrupts.save = (lambda: f"backup {backup.save_now()}") if backup else (
+            lambda: f"checkpoint {saver.save_now()} (--resume repeats this epoch's data)")
     callbacks = [
+        DivergenceGuard(report),  # first: a NaN step is never backed up or checkpointed
         *([backup] if backup else []),
         timer,
         *([profiler] if profiler else []),  # after the timer, which syncs the step
@@ -336,6 +358,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         keras.callbacks.TensorBoard(log_dir=str(write_dir / TENSORBOARD_DIR), update_freq=50),
         *([bleu] if bleu else []),
         *extra_callbacks,
+        *([interrupts] if interrupts is not None else []),
     ]
     if budget_s is not None and config.train.verbose:  # instead of Keras' bar (`Epoch 2/1000000`, `N/Unknown`)
         in_place = config.train.verbose == 1 and dynamic_display()

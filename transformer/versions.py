@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from transformer.errors import InputError
 
-class VersionMismatchError(RuntimeError):
+
+class VersionMismatchError(InputError, RuntimeError):
     """TensorFlow and tensorflow-text are not on the same minor version."""
+
+    hint = "pip install -r requirements.txt installs matching versions"
 
 
 def _minor(version: str) -> str:

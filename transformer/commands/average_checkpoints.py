@@ -12,8 +12,10 @@ from pathlib import Path
 
 
 from transformer import cli
+from transformer.errors import command
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="training run directory (config.json, checkpoints/)")
@@ -22,11 +24,7 @@ def main(argv=None) -> int:
     cli.start()
     from transformer.rundir import average_checkpoints
 
-    try:
-        prefix = average_checkpoints(args.run, args.last)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    prefix = average_checkpoints(args.run, args.last)
     print(f"averaged checkpoint: {prefix}")
     return 0
 

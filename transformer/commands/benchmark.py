@@ -26,8 +26,10 @@ from transformer import cli
 from transformer.benchmark import make_cells, run_matrix
 from transformer.cli import XLA_CHOICES
 from transformer.constants import DEVICES, PIPELINE_KINDS, PRECISIONS, XLA_MODES
+from transformer.errors import command
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="local corpus directory (default: the TFDS dataset of scripts/train.py)")
@@ -55,11 +57,7 @@ def main(argv=None) -> int:
     cells = make_cells(args.pipelines, args.precisions, [XLA_CHOICES[x] for x in args.xla],
                        args.naive_batches, args.token_batches, args.d_models)
     print(f"{len(cells)} cells × {args.steps} steps → {args.output}", flush=True)
-    try:
-        table = run_matrix(cells, args.output, common, args.timeout)
-    except RuntimeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    table = run_matrix(cells, args.output, common, args.timeout)
     print(table)
     print(f"\nwrote {args.output / 'comparison.md'}, {args.output / 'sweep.md'} and {args.output / 'comparison.png'}")
     return 0

@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 from transformer import cli
+from transformer.errors import command
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_data_args(parser)

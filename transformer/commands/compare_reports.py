@@ -13,8 +13,10 @@ from pathlib import Path
 
 
 from transformer import cli, compare
+from transformer.errors import command
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -32,13 +34,7 @@ def main(argv=None) -> int:
     cli.start()
     if len(args.reports) < 2:
         parser.error("give at least 2 reports")
-    try:
-        table = compare.compare(
-            args.reports, plot=args.plot, markdown=args.markdown, threshold_pct=args.threshold
-        )
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    table = compare.compare(args.reports, plot=args.plot, markdown=args.markdown, threshold_pct=args.threshold)
     print(table)
     return 0
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 
 from transformer import cli
+from transformer.errors import command
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="run directory or exported SavedModel")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 
 from transformer import cli
+from transformer.errors import command
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,6 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command
 def main(argv=None) -> int:
     args = parse_args(argv)
     cli.start()

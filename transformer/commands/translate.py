@@ -18,6 +18,7 @@ from pathlib import Path
 
 
 from transformer import cli
+from transformer.errors import command
 
 
 def read_sentences(args) -> list[str]:
@@ -31,6 +32,7 @@ def read_sentences(args) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --file or stdin)")
