@@ -89,7 +89,7 @@ CASES = [
      lambda t: ["--data", str(corpus(t / "d", " \n\t\n \r\n", "\n  \n\u3000\n")), "--output", str(t / "o"), *TRAIN],
      {}, "empty corpus", 2),
     ("missing --data directory", "train",
-     lambda t: ["--data", str(t / "nope"), "--output", str(t / "o"), *TRAIN], {}, r"directory not found: .*nope", 2),
+     lambda t: ["--data", str(t / "nope"), "--output", str(t / "o"), *TRAIN], {}, r"--data .*nope: directory not found", 2),
     ("directory where a file is expected", "train",
      lambda t: ["--train-src", str(good(t / "d")), "--train-tgt", str(t / "d" / "train.en"), "--output", str(t / "o"),
                 *TRAIN], {}, r"/d is a directory; expected a text file", 2),

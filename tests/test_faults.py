@@ -23,8 +23,8 @@ import tensorflow as tf
 from transformer import errors
 from transformer.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
 from transformer.faults import DiskFullError, TrainingDiverged
-from transformer.runlock import LOCK_FILE, RunLock, RunLockedError
 from transformer.rundir import CHECKPOINT_DIR, build_model
+from transformer.runlock import LOCK_FILE, RunLock, RunLockedError
 from transformer.training import train
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +42,7 @@ def tiny_run(bible_tokenizers, output: Path, **train_overrides) -> RunConfig:
         pipeline=PipelineConfig(max_tokens=512),
         train=TrainConfig(**{"epochs": 2, "steps_per_epoch": STEPS, "probe_peak": False, "verbose": 0,
                              "lr_schedule": "inverse-sqrt", "warmup_steps": 10, "bleu_sentences": 0,
+                             "mixed_precision": "off", "xla": False,
                              "output_dir": str(output), **train_overrides}),
     )
 
@@ -179,7 +180,8 @@ def test_sigterm_end_to_end_then_resume(bible_tokenizers, tmp_path):
             "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32", "--max-length", "32",
             "--max-tokens", "512", "--lr-schedule", "inverse-sqrt", "--warmup-steps", "10", "--bleu-sentences", "0",
             "--epochs", "1", "--steps-per-epoch", "300", "--validation-steps", "1", "--backup-every-steps", "2",
-            "--device", "cpu", "--no-probe-peak", "--verbose", "0", "--output", str(output)]
+            "--device", "cpu", "--mixed-precision", "off", "--no-xla", "--no-probe-peak", "--verbose", "0",
+            "--output", str(output)]
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", errors.DEBUG_ENV)}
     process = subprocess.Popen([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *argv],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

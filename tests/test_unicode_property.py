@@ -9,10 +9,10 @@ random (what it translates to does not matter here; that every row comes back do
 from __future__ import annotations
 
 import pytest
+from helpers_translation import tiny_translator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers_translation import tiny_translator
 from transformer.translator import DecodeConfig
 
 SPECIAL = [

@@ -82,15 +82,13 @@ def restore_model_weights(model, prefix: str, run_dir: Optional[str | Path] = No
 
     check_checkpoint(prefix)
     try:
-        status = tf.train.Checkpoint(model=model).restore(prefix)
-    except tf.errors.OpError as err:  # a truncated or corrupt .data file
-        raise ArtifactError(f"checkpoint {prefix} is damaged ({_first_line(err)})",
-                            hint="choose another with --checkpoint, or restore the file from a copy") from err
-    try:
-        status.expect_partial().assert_existing_objects_matched()
-    except (AssertionError, ValueError) as err:
+        tf.train.Checkpoint(model=model).restore(prefix).expect_partial().assert_existing_objects_matched()
+    except (AssertionError, ValueError) as err:  # shapes or variables that are not this config's model
         where = f" ({Path(run_dir) / 'config.json'})" if run_dir is not None else ""
         raise ArtifactError(
             f"checkpoint {prefix} does not match the model of its config{where}: {_first_line(err)}",
             hint="config.json and checkpoints/ must come from the same run; restore the run's own config.json",
         ) from err
+    except Exception as err:  # noqa: BLE001 - a truncated/corrupt .data file: OpError, IndexError, ...
+        raise ArtifactError(f"checkpoint {prefix} is damaged ({type(err).__name__}: {_first_line(err)})",
+                            hint="choose another with --checkpoint, or restore the file from a copy") from err

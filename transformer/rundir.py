@@ -161,7 +161,7 @@ def average_checkpoints(run_dir: str | Path, last: int = 5) -> Path:
     paths = run_checkpoints(run_dir)[-last:]
     if len(paths) < last:
         log.warning("%s keeps only %d checkpoints: averaging those", run_dir, len(paths))
-    model = build_model(RunConfig.load(run_dir / CONFIG_FILE).model)
+    model = build_model(artifacts.load_run_config(run_dir).model)
     checkpoint = tf.train.Checkpoint(model=model)
     total = None
     for path in paths:
