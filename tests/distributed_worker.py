@@ -67,7 +67,7 @@ def _one_step(strategy, loss) -> dict:
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = Transformer(num_layers=1, d_model=8, num_heads=2, dff=16, dropout_rate=0.0, max_length=8,
-                            src_vocab_size=20, tgt_vocab_size=20)
+                            head_width="tutorial", src_vocab_size=20, tgt_vocab_size=20)
         model.build()
         model.compile(optimizer=keras.optimizers.SGD(1.0), loss=loss, metrics=[MaskedAccuracy()])
     before = [v.numpy() for v in model.trainable_variables]

@@ -168,7 +168,7 @@ def test_tpu_batches_have_static_shapes():
 
 def test_halved_pipeline_stops_at_the_floor():
     from transformer.config import PipelineConfig
-    from transformer.training import AUTO_BATCH_FLOOR_TOKENS, halved_pipeline
+    from transformer.auto_batch import AUTO_BATCH_FLOOR_TOKENS, halved_pipeline
 
     assert halved_pipeline(PipelineConfig(max_tokens=1000)).max_tokens == 500
     assert halved_pipeline(PipelineConfig(max_tokens=300)).max_tokens == AUTO_BATCH_FLOOR_TOKENS
@@ -203,7 +203,7 @@ def test_input_is_global_batches_with_an_explicit_shard_policy(corpus, tmp_path)
 
     from transformer.data import load_corpus
     from transformer.tokenizer import build_or_load_tokenizers
-    from transformer.training import make_datasets
+    from transformer.training_data import make_datasets
 
     config = RunConfig.from_dict(run_config(corpus, tmp_path / "run", max_length=8))
     data = load_corpus(config.data)
@@ -485,9 +485,9 @@ class _InjectedOOM:
         import keras
         import tensorflow as tf
 
-        import transformer.training as training
+        import transformer.training_data as training_data  # builds the training datasets
 
-        original, seen = training.make_batches, {}
+        original, seen = training_data.make_batches, {}
 
         def make_batches(pairs, tokenizers, config, *args, training, **kwargs):
             if training:
@@ -499,7 +499,7 @@ class _InjectedOOM:
                 if seen["max_tokens"] > limit and int(self.model.optimizer.iterations.numpy()) >= after:
                     raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
 
-        monkeypatch.setattr(training, "make_batches", make_batches)
+        monkeypatch.setattr(training_data, "make_batches", make_batches)
         self.callback = Raiser()
 
 

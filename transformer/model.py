@@ -29,7 +29,8 @@ class Transformer(keras.Model):
     Args:
         num_layers, d_model, num_heads, dff, dropout_rate, head_width, max_length,
         src_vocab_size, tgt_vocab_size, tie_embeddings, layer_norm, attention_dropout,
-        activation_dropout: see `transformer.config.ModelConfig`.
+        activation_dropout: see `transformer.config.ModelConfig` (the defaults are its defaults;
+        the vocabulary sizes must be given).
 
     With layer_norm "pre", the encoder output and the decoder output each get a final
     LayerNormalization (`encoder_norm`, `decoder_norm`). With tie_embeddings "output" or
@@ -43,10 +44,17 @@ class Transformer(keras.Model):
         logits `[batch, tgt_len, tgt_vocab_size]` float32.
     """
 
-    def __init__(self, num_layers=4, d_model=128, num_heads=8, dff=512, dropout_rate=0.1,
-                 head_width="tutorial", max_length=128, src_vocab_size=8000, tgt_vocab_size=8000,
-                 tie_embeddings="none", layer_norm="post", attention_dropout=None, activation_dropout=0.0, **kwargs):
+    def __init__(self, num_layers=ModelConfig.num_layers, d_model=ModelConfig.d_model,
+                 num_heads=ModelConfig.num_heads, dff=ModelConfig.dff, dropout_rate=ModelConfig.dropout_rate,
+                 head_width=ModelConfig.head_width, max_length=ModelConfig.max_length,
+                 src_vocab_size=ModelConfig.src_vocab_size, tgt_vocab_size=ModelConfig.tgt_vocab_size,
+                 tie_embeddings=ModelConfig.tie_embeddings, layer_norm=ModelConfig.layer_norm,
+                 attention_dropout=ModelConfig.attention_dropout, activation_dropout=ModelConfig.activation_dropout,
+                 **kwargs):
         super().__init__(**kwargs)
+        if src_vocab_size <= 0 or tgt_vocab_size <= 0:
+            raise ValueError(f"src_vocab_size and tgt_vocab_size must be > 0 (the tokenizers' vocabulary sizes), "
+                             f"got {src_vocab_size} and {tgt_vocab_size}")
         self.config = ModelConfig(
             num_layers=num_layers, d_model=d_model, num_heads=num_heads, dff=dff,
             dropout_rate=dropout_rate, head_width=head_width, max_length=max_length,

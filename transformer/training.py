@@ -16,12 +16,9 @@ Fault tolerance. A checkpoint is saved at every epoch end; with `--backup-every-
 every N steps. Re-running the same command after a crash continues from the newer of the
 two (a backup present in the run directory implies `--resume`).
 
-Out of memory. A `tf.errors.ResourceExhaustedError` during `fit` is recorded in the report;
-with `--auto-batch` training restores the last backup/checkpoint (or the initial weights)
-and retries with half the batch — `max_tokens` for the optimized pipeline, `batch_size`
-otherwise — down to `--auto-batch-floor` (default `AUTO_BATCH_FLOOR_TOKENS` /
-`AUTO_BATCH_FLOOR_SENTENCES`); every retry is logged and appended to the report's
-`run.auto_batch_retries`.
+Out of memory: with `--auto-batch` a run retries at half the batch (transformer/auto_batch.py).
+Datasets (incl. the TPU path): transformer/training_data.py; step timing under a strategy:
+transformer/replica_timing.py.
 """
 
 from __future__ import annotations
@@ -39,9 +36,10 @@ import keras
 import tensorflow as tf
 
 from transformer import atomic, distribute
+from transformer.auto_batch import FitJob, fit_with_auto_batch, state_values
 from transformer.backup import StepBackupAndRestore, snapshots
 from transformer.budget import TrainingClock
-from transformer.config import ModelConfig, PipelineConfig, RunConfig, parse_profile_steps
+from transformer.config import ModelConfig, RunConfig, parse_profile_steps
 from transformer.data import load_corpus
 from transformer.devices import select_device, set_precision
 from transformer.errors import OutputExistsError
@@ -49,24 +47,24 @@ from transformer.faults import DivergenceGuard, InterruptHandler
 from transformer.flops import TransformerDims
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
-from transformer.pipeline import make_batches, tokenize_pairs
+from transformer.pipeline import make_batches
 from transformer.precision import decide_precision
 from transformer.profiling import StepProfiler
 from transformer.progress import BudgetProgress, dynamic_display
-from transformer.reports import StepTimeReport, error_info
+from transformer.replica_timing import ReplicaBatchTimer
+from transformer.reports import StepTimeReport
 from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
                                 TOKENIZER_DIR, RunCheckpoints, build_model)
 from transformer.runlock import RunLock, make_run_dir
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
-from transformer.timing import BatchCounts, BatchTimer, batch_counts
+from transformer.timing import BatchTimer
+from transformer.training_data import count_batches
 from transformer.tokenizer import build_or_load_tokenizers
 from transformer.translator import DecodeConfig, Translator
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 
 log = logging.getLogger(__name__)
 
-AUTO_BATCH_FLOOR_TOKENS = 256  # --auto-batch never goes below this max_tokens (optimized pipeline)
-AUTO_BATCH_FLOOR_SENTENCES = 4  # ... nor below this batch_size (naive, or optimized without max_tokens)
 
 
 def make_schedule(config: RunConfig, d_model: int, progress: Optional[tf.Variable] = None,
@@ -150,33 +148,6 @@ class EpochCheckpoint(keras.callbacks.Callback):
         log.info("epoch %d: checkpoint %s", epoch + 1, path)
 
 
-class ReplicaBatchTimer(BatchTimer):
-    """`BatchTimer` that counts a distributed batch as the sum of this worker's replica parts.
-
-    Under a strategy `model.train_function` receives a `DistributedIterator`; BatchTimer's
-    wrapper still times `next()` on it, but the batch it yields holds per-replica values,
-    which `batch_counts` cannot read. The parts of one global batch share their padded
-    lengths, so their counts add up. In multi-worker training the counts (and FLOPs) are
-    this worker's share.
-    """
-
-    def __init__(self, report: StepTimeReport, *, strategy: tf.distribute.Strategy, **kwargs):
-        super().__init__(report, **kwargs)
-        self.strategy = strategy
-
-    def _count(self, batch) -> Optional[BatchCounts]:
-        parts = [batch_counts(part, self.pad_id) for part in self.strategy.experimental_local_results(batch)]
-        if not parts or None in parts:
-            return None
-        return BatchCounts(
-            examples=sum(p.examples for p in parts),
-            src_len=max(p.src_len for p in parts),
-            tgt_len=max(p.tgt_len for p in parts),
-            src_tokens=sum(p.src_tokens for p in parts),
-            tgt_tokens=sum(p.tgt_tokens for p in parts),
-        )
-
-
 @dataclass
 class TrainResult:
     output_dir: Path
@@ -222,17 +193,6 @@ def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> d
                     or config.data.dataset),
         "config": config.to_dict(),
     }
-
-
-def halved_pipeline(pipeline: PipelineConfig, floor: Optional[int] = None) -> Optional[PipelineConfig]:
-    """`pipeline` with half the batch (max_tokens, else batch_size), not below `floor`; None at the floor."""
-    if pipeline.kind == "optimized" and pipeline.max_tokens is not None:
-        floor = floor or AUTO_BATCH_FLOOR_TOKENS
-        smaller = max(floor, pipeline.max_tokens // 2)
-        return dataclasses.replace(pipeline, max_tokens=smaller) if smaller < pipeline.max_tokens else None
-    floor = floor or AUTO_BATCH_FLOOR_SENTENCES
-    smaller = max(floor, pipeline.batch_size // 2)
-    return dataclasses.replace(pipeline, batch_size=smaller) if smaller < pipeline.batch_size else None
 
 
 def _has_backup(run_dir: Path) -> bool:
@@ -328,7 +288,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
                                      read_directory=run_dir / CHECKPOINT_DIR, train_elapsed_s=clock.elapsed_s)
     distribute.patch_keras_for_multi_worker(model, strategy)
     initial_epoch = _restore_checkpoint(checkpoints, optimizer, resuming)
-    initial_state = _variable_values(model, optimizer, checkpoints) if config.train.auto_batch else None
+    initial_state = state_values(model, optimizer, checkpoints) if config.train.auto_batch else None
     log.info("model: %s parameters, policy %s, XLA %s, device %s",
              f"{model.count_params():,}", policy, config.train.xla, device)
 
@@ -372,8 +332,15 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     try:
         history = {}
         if not nothing_to_train:
-            history, config = _fit(model, checkpoints, callbacks, corpus, tokenizers, config, initial_epoch,
-                                   initial_state, strategy_name, replicas, report, write_dir, device)
+            def on_retry(smaller: RunConfig) -> None:  # the run continues with the smaller batch
+                smaller.save(write_dir / CONFIG_FILE)
+                report.run.update(batching=run_description(smaller, device, replicas)["batching"],
+                                  config=smaller.to_dict())
+                report.write()
+
+            job = FitJob(model, checkpoints, callbacks, corpus, tokenizers, strategy_name, replicas, report,
+                         initial_state, validate=not _evaluates_loss(callbacks), on_retry=on_retry)
+            history, config = fit_with_auto_batch(job, config, initial_epoch)
     finally:  # also when the resumed run dies: the report says where it started
         if backup is not None and backup.restored is not None:
             report.run["resumed_from_backup"] = backup.restored
@@ -400,41 +367,6 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     atomic.write_json(write_dir / SUMMARY_FILE, summary)
     # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
     return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
-
-
-def _fit(model, checkpoints: RunCheckpoints, callbacks: list, corpus, tokenizers, config: RunConfig,
-         initial_epoch: int, initial_state: Optional[list], strategy_name: str, replicas: int,
-         report: StepTimeReport, write_dir: Path, device: str) -> tuple[dict, RunConfig]:
-    """`model.fit`, retried at half the batch after an out-of-memory error with --auto-batch.
-
-    Returns (history, the config of the attempt that completed).
-    """
-    optimizer = model.optimizer
-    while True:
-        train_batches, val_batches = make_datasets(corpus, tokenizers, config, strategy_name, replicas)
-        try:
-            history = model.fit(
-                train_batches,
-                epochs=config.train.planned_epochs,
-                initial_epoch=initial_epoch,
-                steps_per_epoch=config.train.steps_per_epoch,
-                validation_data=val_batches if not _evaluates_loss(callbacks) else None,
-                validation_steps=config.train.validation_steps,
-                callbacks=callbacks,
-                verbose=0 if config.train.time_budget_minutes is not None else config.train.verbose,
-            ).history
-            return history, config
-        except tf.errors.ResourceExhaustedError as err:
-            smaller = halved_pipeline(config.pipeline, config.train.auto_batch_floor) if config.train.auto_batch else None
-            if smaller is None:
-                raise
-            failed_step = int(optimizer.iterations.numpy())
-            initial_epoch = _restore_for_retry(checkpoints, optimizer, model, initial_state)
-            _record_retry(report, err, config.pipeline, smaller, failed_step, int(optimizer.iterations.numpy()))
-            config = dataclasses.replace(config, pipeline=smaller)
-            config.save(write_dir / CONFIG_FILE)
-            report.run.update(batching=run_description(config, device, replicas)["batching"], config=config.to_dict())
-            report.write()
 
 
 def _evaluates_loss(callbacks: list) -> bool:
@@ -474,41 +406,6 @@ def make_bleu_callback(config: RunConfig, corpus, tokenizers, write_dir: Path, r
                           fractions=fractions, loss_batches=loss_batches)
 
 
-def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1) -> int:
-    """Training batches in one epoch of the configured pipeline (one pass over the cached ids)."""
-    batches = make_batches(corpus.train, tokenizers, config.pipeline, config.model.max_length, training=True,
-                           seed=config.train.seed, replicas=replicas)
-    return int(batches.reduce(0, lambda count, _: count + 1).numpy())
-
-
-def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int):
-    """(training, validation or None) datasets of global batches, auto-shard policy set."""
-    max_length = config.model.max_length
-    if strategy_name == "tpu":
-        pipeline = config.pipeline
-        per_replica = (pipeline.max_tokens // max_length if pipeline.kind == "optimized" and pipeline.max_tokens
-                       else pipeline.batch_size)
-        batch = max(1, per_replica) * replicas
-
-        def batches(pairs, training):
-            tokenized = tokenize_pairs(pairs, tokenizers, max_length, pipeline.cache if training else "memory")
-            return distribute.tpu_batches(tokenized, batch, max_length, training, pipeline.shuffle_buffer,
-                                          config.train.seed)
-    else:
-        def batches(pairs, training):
-            return make_batches(pairs, tokenizers, config.pipeline, max_length, training=training,
-                                seed=config.train.seed if training else None, replicas=replicas)
-
-    train_pairs = corpus.train if strategy_name == "tpu" else corpus.training_pairs  # TPU: one fixed epoch
-    train_batches = distribute.shard_input(batches(train_pairs, True))
-    if config.train.steps_per_epoch:
-        train_batches = train_batches.repeat()
-    val_batches = None
-    if corpus.validation is not None:
-        val_batches = distribute.shard_input(batches(corpus.validation, False))
-    return train_batches, val_batches
-
-
 def _restore_checkpoint(checkpoints: RunCheckpoints, optimizer, resuming: bool) -> int:
     """Restores the latest epoch checkpoint when resuming; returns the epoch to start at."""
     if not resuming:
@@ -520,43 +417,6 @@ def _restore_checkpoint(checkpoints: RunCheckpoints, optimizer, resuming: bool) 
     epoch = int(checkpoints.epoch.numpy())
     log.info("resumed %s at epoch %d, step %d", restored, epoch, int(optimizer.iterations.numpy()))
     return epoch
-
-
-def _variable_values(model, optimizer, checkpoints: RunCheckpoints) -> list:
-    """Values of every model/optimizer/epoch variable (the state --auto-batch falls back to)."""
-    return [v.numpy() for v in _state_variables(model, optimizer, checkpoints)]
-
-
-def _state_variables(model, optimizer, checkpoints: RunCheckpoints) -> list:
-    return [*model.variables, *optimizer.variables, checkpoints.epoch]
-
-
-def _restore_for_retry(checkpoints: RunCheckpoints, optimizer, model, initial_state: list) -> int:
-    """After an OOM: back to the latest checkpoint, else the initial state; returns its epoch.
-
-    A backup newer than that state is then restored by `StepBackupAndRestore` when `fit`
-    starts again (it only loads snapshots at least as new as the current step).
-    """
-    if checkpoints.restore_latest() is None:
-        for variable, value in zip(_state_variables(model, optimizer, checkpoints), initial_state):
-            variable.assign(value)
-    return int(checkpoints.epoch.numpy())
-
-
-def _record_retry(report: StepTimeReport, err: BaseException, before: PipelineConfig, after: PipelineConfig,
-                  failed_step: int, restart_step: int) -> None:
-    field = "max_tokens" if before.kind == "optimized" and before.max_tokens is not None else "batch_size"
-    retry = {
-        "error": {k: v for k, v in error_info(err).items() if k != "traceback"},
-        "failed_at_step": failed_step,
-        "restarted_from_step": restart_step,
-        "field": field,
-        "before": getattr(before, field),
-        "after": getattr(after, field),
-    }
-    report.run.setdefault("auto_batch_retries", []).append(retry)
-    log.warning("out of memory at step %d (%s): --auto-batch restarts from step %d with %s %d → %d",
-                failed_step, retry["error"]["type"], restart_step, field, retry["before"], retry["after"])
 
 
 def _summary(history: dict, optimizer, config: RunConfig, wall_s: float, initial_epoch: int) -> dict:
