@@ -186,7 +186,7 @@ def test_shared_vocab_tokenizers_and_export_of_a_tied_pre_norm_model(bible_token
     == in memory."""
     from transformer.export import export_translator, load_exported
     from transformer.tokenizer import build_or_load_tokenizers, tokenizer_key
-    from transformer.training import build_model
+    from transformer.rundir import build_model
     from transformer.translator import DecodeConfig, Translator
 
     corpus = bible_tokenizers.corpus
