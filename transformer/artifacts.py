@@ -5,7 +5,7 @@ missing or damaged, with a hint giving the command that rebuilds it:
 
     config.json / checkpoints/   re-train: python scripts/train.py ... --output <run>
     tokenizers/                  python scripts/build_tokenizers.py --data <corpus>
-    an export                    python scripts/export.py --model <run> --output <dir> --overwrite
+    an export                    python scripts/export.py --run <run> --output <dir> --overwrite
 
 TensorFlow reports a damaged SavedModel as e.g. "Cannot parse file ... Wire format was
 corrupt" and a damaged checkpoint as a DataLossError; both become one `error:` line here.
@@ -19,9 +19,7 @@ from typing import Optional
 from transformer.errors import ArtifactError
 
 TRAIN_HINT = "re-run scripts/train.py with --output {run} (add --resume if its checkpoints are intact)"
-TOKENIZER_HINT = ("rebuild them: python scripts/build_tokenizers.py --data <corpus dir>, then copy the "
-                  "directory it prints to {path}")
-EXPORT_HINT = "re-export it: python scripts/export.py --model <run dir> --output {path} --overwrite"
+EXPORT_HINT = "re-export it: python scripts/export.py --run <run dir> --output {path} --overwrite"
 
 
 def _first_line(err: BaseException) -> str:

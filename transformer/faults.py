@@ -145,7 +145,8 @@ class DivergenceGuard(keras.callbacks.Callback):
         raise TrainingDiverged(
             f"training diverged: the loss is {loss} at step {step} (last finite: {self.last_finite_loss} at step "
             f"{self.last_finite_step}; learning rate {details['learning_rate']}, policy "
-            f"{details['precision_policy']}); the last checkpoint before it is kept", details)
+            f"{details['precision_policy']}); nothing from this step on is saved (the last checkpoint, if any, "
+            "is older)", details)
 
 
 class InterruptHandler(keras.callbacks.Callback):

@@ -43,8 +43,8 @@ _REQUIRED_FILES = ("saved_model.pb", "variables", "manifest.json", "src_vocab.tx
 class TokenizerError(InputError, ValueError):
     """A tokenizer directory is missing, incomplete or inconsistent."""
 
-    hint = ("rebuild the tokenizers: python scripts/build_tokenizers.py --data <corpus dir> "
-            "(scripts/train.py also builds them when missing)")
+    hint = ("rebuild them: python scripts/build_tokenizers.py --data <corpus> with the run's --vocab-size/--cased "
+            "flags, then copy the directory it prints over this one (scripts/train.py builds missing ones)")
 
 
 def _bert_params(lower_case: bool) -> dict:
