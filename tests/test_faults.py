@@ -205,3 +205,32 @@ def test_sigterm_end_to_end_then_resume(bible_tokenizers, tmp_path):
     report = json.loads((output / "report.json").read_text())
     assert report["state"] == "completed" and report["steps_done"] > stopped_at
     assert report["run"]["resumed_from_backup"]["step"] >= stopped_at - 1
+
+
+def test_disk_full_during_a_backup_keeps_the_previous_snapshot(tmp_path, monkeypatch):
+    """ENOSPC in the 2nd backup snapshot: DiskFullError names the 1st, which is intact and alone."""
+    from transformer.backup import StepBackupAndRestore, read_metadata, snapshots
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    real_save = model.save_weights
+    saves = []
+
+    def save_until_full(path, *args, **kwargs):
+        saves.append(path)
+        if len(saves) == 2:
+            Path(path).write_bytes(b"\0" * 10)  # what a full disk leaves behind
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(path, *args, **kwargs)
+
+    monkeypatch.setattr(model, "save_weights", save_until_full)
+    backup = StepBackupAndRestore(tmp_path / "backup", save_freq=2, steps_per_epoch=8)
+    x, y = np.ones((16, 4), "float32"), np.zeros((16, 2), "float32")
+    with pytest.raises(DiskFullError) as info:
+        model.fit(x, y, batch_size=2, epochs=1, steps_per_epoch=8, callbacks=[backup], verbose=0)
+    kept = snapshots(tmp_path / "backup")
+    assert [read_metadata(s)["step"] for s in kept] == [2]
+    assert f"the previous save {kept[0]} is intact" in str(info.value)
+    assert not list((tmp_path / "backup").glob(".tmp-*"))  # the half-written snapshot is gone
+    model.load_weights(str(kept[0] / "latest.weights.h5"))  # readable
