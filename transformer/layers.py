@@ -168,8 +168,14 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         return self._output_dense(value_heads), scores
 
     def _attend(self, query_heads, key_heads, value_heads, attention_mask, training):
+        # Heads to the front ([B, T, N, H] → [B, N, T, H]), then batched matmuls: on CPU
+        # (oneDNN) explicit transposes + BatchMatMul run the attention block ~1.3x faster
+        # than the equivalent einsums "btnh,bsnh->bnts" / "bnts,bsnh->btnh" (README,
+        # "Where the time goes").
         query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
-        logits = tf.einsum("btnh,bsnh->bnts", query_heads, key_heads)
+        query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
+        key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
+        logits = tf.matmul(query_heads, key_heads, transpose_b=True)
         logits = tf.cast(logits, tf.float32)  # [B, N, T, S]
         if attention_mask is not None:
             mask = tf.cast(attention_mask, tf.bool)
@@ -178,8 +184,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
             logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
         scores = tf.nn.softmax(logits, axis=-1)
         dropped = self._dropout_layer(scores, training=training)
-        output = tf.einsum("bnts,bsnh->btnh", tf.cast(dropped, value_heads.dtype), value_heads)
-        return output, scores
+        output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
+        return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 
 
 def _update_slice(cache, update, start):
