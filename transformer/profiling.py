@@ -11,7 +11,9 @@ kernel on an executor thread and the profiler records one event per op execution
 `<name scope>/<op name>:<op type>`. "Device time" is the sum of these events' *self* time
 (an event's duration minus the op events nested in it) over all threads: the CPU (or GPU
 host-side) time spent in kernels. Ops on parallel inter-op threads overlap, so device time
-can exceed the steps' wall time; the shares are of device time. With `--xla` the step is one
+can exceed the steps' wall time; the shares are of device time. Ops of the input pipeline
+(tf.data threads, e.g. tokenization while the cache fills) are left out: the step-time
+report measures the input wait. With `--xla` the step is one
 XLA cluster and the breakdown shows it as `other` (XlaLaunch): profile without XLA.
 
 Categories (first rule that matches wins; `CATEGORIES` keeps this order):
@@ -85,6 +87,8 @@ def _op_events(xspace) -> Iterable[tuple[str, str, int]]:
     for plane in xspace.planes:
         metadata = plane.event_metadata
         for line in plane.lines:
+            if line.name.startswith("tf_data"):  # input-pipeline threads: not the step's work
+                continue
             ops = []
             for event in line.events:
                 match = _OP_EVENT.match(metadata[event.metadata_id].name)
