@@ -70,12 +70,15 @@ MAX_TOKENS = 8192            # padded tokens per batch per side, optimized pipel
 
 # One training per entry: (pipeline, precision, xla). The first one is the baseline
 # of the speed-ups. pipeline: "naive" (the tutorial's) or "optimized" (tokenize once,
-# cache, bucket by length); precision: "off" (float32), "float16", "bfloat16" or
-# "auto" (float16 on a GPU, float32 on a CPU); xla: jit-compile the train step.
+# cache, bucket by length); precision: "off" (float32), "float16", "bfloat16" or "auto";
+# xla: True/False (jit-compile the train step) or None (auto). "auto" and None are decided
+# for this machine by transformer/precision.py, exactly as `scripts/train.py
+# --mixed-precision auto --xla auto` decides (GPU: by compute capability; CPU: bfloat16 only
+# with BF16 instructions and a measured speed-up); the training cell prints the decision.
 RUNS = [
     ("naive", "off", False),
     ("optimized", "off", False),
-    ("optimized", "auto", True),
+    ("optimized", "auto", None),
 ]
 
 OUTPUT_ROOT = "runs/notebook01"   # one sub-directory per run, plus comparison.md / .png
@@ -104,7 +107,6 @@ import sys
 from pathlib import Path
 
 IN_COLAB = "google.colab" in sys.modules
-
 if IN_COLAB:
     REPO_DIR = Path(COLAB_REPO_DIR)
     if not (REPO_DIR / "transformer").is_dir():
@@ -119,25 +121,10 @@ else:  # a local clone: notebooks/ is inside it; nothing is installed
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
-from transformer import notebook_setup  # the clone is importable from here on (this module: stdlib only)
+from transformer.notebook_setup import setup  # the clone is importable from here on
 
-if IN_COLAB:
-    notebook_setup.install_requirements(REPO_DIR)  # stops if the session must be restarted first
-
-from transformer import cli
-from transformer.versions import check_versions
-
-cli.quiet_tensorflow()  # before TensorFlow is imported
-TF_VERSION, TEXT_VERSION = check_versions()  # TensorFlow and tensorflow-text on one minor version
-
-PATHS = notebook_setup.resolve_paths(REPO_DIR, IN_COLAB, DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT, SAVE_TO_DRIVE)
-DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = PATHS.data_dir, PATHS.output_root, PATHS.tokenizer_root
-
-print(f"repository:   {REPO_DIR}  (Colab: {IN_COLAB})")
-print(f"versions:     tensorflow {TF_VERSION}, tensorflow-text {TEXT_VERSION}")
-print(f"data:         {DATA_DIR or 'TFDS ' + DATASET}")
-print(f"outputs:      {OUTPUT_ROOT}")
-print(f"tokenizers:   {TOKENIZER_ROOT}")
+DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATASET, OUTPUT_ROOT, TOKENIZER_ROOT,
+                                              SAVE_TO_DRIVE)
 
 # %% [markdown]
 # ## Device diagnostics
@@ -146,12 +133,14 @@ print(f"tokenizers:   {TOKENIZER_ROOT}")
 # mismatch: the setup cell installs `tensorflow[and-cuda]` for that), the GPU as
 # `nvidia-smi` reports it, the versions every report records, and which reduced precisions
 # run fast here: float16 needs tensor cores (compute capability ≥ 7.0, e.g. T4/V100),
-# bfloat16 needs ≥ 8.0 on a GPU (A100, L4) or AMX/AVX512-BF16 on a CPU.
+# bfloat16 needs ≥ 8.0 on a GPU (A100, L4) or AMX/AVX512-BF16 on a CPU. These device facts
+# are what precision "auto" decides from (`transformer.precision.device_facts`).
 
 # %%
 import tensorflow as tf
 
 from transformer.devices import visible_devices_report
+from transformer.precision import device_facts
 from transformer.reports import capture_environment
 
 ENVIRONMENT = capture_environment()
@@ -162,17 +151,16 @@ print(f"CPU: {ENVIRONMENT['cpu_model']} ({ENVIRONMENT['cpu_count_usable']} usabl
 print("\n" + (ENVIRONMENT["nvidia_smi"] or "nvidia-smi: not present (no NVIDIA GPU on this runtime)"))
 
 GPUS = tf.config.list_physical_devices("GPU")
+DEVICE = "gpu" if GPUS else "cpu"
+FACTS = device_facts(DEVICE)
 if GPUS:
-    capability = tf.config.experimental.get_device_details(GPUS[0]).get("compute_capability", (0, 0))
+    capability = FACTS.gpu_capability or (0, 0)
     print(f"GPU compute capability {capability}: float16 {'fast' if capability >= (7, 0) else 'slow'}, "
           f"bfloat16 {'fast' if capability >= (8, 0) else 'slow (emulated)'}")
 else:
-    cpu_flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), "") if Path("/proc/cpuinfo").exists() else ""
-    native_bf16 = any(flag in cpu_flags.split() for flag in ("amx_bf16", "avx512_bf16"))
-    print(f"CPU only: float16 is slow here; bfloat16 {'has native support' if native_bf16 else 'is emulated (slow)'}")
+    native = f"has native support ({', '.join(FACTS.bf16_flags)})" if FACTS.bf16_flags else "is emulated (slow)"
+    print(f"CPU only: float16 is slow here; bfloat16 {native}")
 
-DEVICE = "gpu" if GPUS else "cpu"
 # Run directories are named after the hardware, so runs from different runtimes can share OUTPUT_ROOT.
 DEVICE_SLUG = "cpu" if not GPUS else "-".join(ENVIRONMENT["device"].lower().split())
 print(f"\nruns on this runtime will be named {DEVICE_SLUG}-…")
@@ -200,10 +188,13 @@ BASE_CONFIG = RunConfig(
 print(json.dumps(BASE_CONFIG.to_dict(), indent=1))
 
 # %% [markdown]
-# One `train()` per entry of `RUNS`. Each run directory holds `report.json` +
-# `report_steps.csv` (the step-time report, written even if the run crashes),
-# `summary.json`, `config.json`, checkpoints and TensorBoard logs. Running this cell again
-# replaces this runtime's runs.
+# One `train()` per entry of `RUNS`. A precision of "auto" (or xla None) is resolved by
+# `transformer.precision.decide_precision`, the function `train()` itself calls: the cell
+# prints the decision and its reason and names the run after what was chosen; `train()`
+# records the same decision in `report.json` (`run.precision_decision`). Each run directory
+# holds `report.json` + `report_steps.csv` (the step-time report, written even if the run
+# crashes), `summary.json`, `config.json`, checkpoints and TensorBoard logs. Running this
+# cell again replaces this runtime's runs.
 #
 # In one Python process the runs share TensorFlow's device setup; each `train()` sets the
 # Keras precision policy for itself, and the policy is set back to float32 afterwards.
@@ -213,13 +204,15 @@ import shutil
 
 import keras
 
+from transformer.precision import decide_precision
 from transformer.training import train
 
-PRECISION_AUTO = "float16" if DEVICE == "gpu" else "off"
 REPORTS = []
 for pipeline, precision, xla in RUNS:
-    precision = PRECISION_AUTO if precision == "auto" else precision
-    label = f"{DEVICE_SLUG}-{pipeline}-{'fp32' if precision == 'off' else precision}-{'xla' if xla else 'noxla'}"
+    decision = decide_precision(precision, xla, DEVICE, pipeline)  # what train() will decide (probe cached)
+    mode = "fp32" if decision.mixed_precision == "off" else decision.mixed_precision
+    label = f"{DEVICE_SLUG}-{pipeline}-{mode}-{'xla' if decision.xla else 'noxla'}"
+    label += "-auto" if precision == "auto" or xla is None else ""  # apart from the same settings asked for
     run_dir = OUTPUT_ROOT / label
     if run_dir.exists():
         shutil.rmtree(run_dir)  # this runtime's previous run with the same settings
@@ -227,7 +220,7 @@ for pipeline, precision, xla in RUNS:
         pipeline={"kind": pipeline},
         train={"mixed_precision": precision, "xla": xla, "output_dir": str(run_dir), "label": label},
     ).validate()
-    print(f"\n=== {label} ===")
+    print(f"\n=== {label} ===\n{decision.summary()}")
     result = train(config)
     step_time = result.summary["step_time"]
     print(label, {key: step_time[key] for key in ("first_step_s", "mean_step_s", "tgt_tokens_per_s", "data_wait_pct")})

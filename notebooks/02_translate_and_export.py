@@ -63,7 +63,7 @@ MAX_LENGTH = 128             # tokens per sentence, [START]/[END] included
 TIME_BUDGET_MINUTES = 30     # train for this much training time (None: EPOCHS epochs)
 EPOCHS = 10                  # with a time budget: at most this many
 STEPS = None                 # steps per epoch (None: one full pass over the training pairs)
-PRECISION = "auto"           # "off" (float32), "float16", "bfloat16"; "auto": float16 on a GPU, else off
+PRECISION = "auto"           # "off" (float32), "float16", "bfloat16"; "auto": as scripts/train.py decides it
 
 # Translation and evaluation.
 BEAM_SIZE = 1                # 1: cached greedy; > 1: beam search
@@ -102,7 +102,6 @@ import sys
 from pathlib import Path
 
 IN_COLAB = "google.colab" in sys.modules
-
 if IN_COLAB:
     REPO_DIR = Path(COLAB_REPO_DIR)
     if not (REPO_DIR / "transformer").is_dir():
@@ -117,25 +116,10 @@ else:  # a local clone: notebooks/ is inside it; nothing is installed
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
-from transformer import notebook_setup  # the clone is importable from here on (this module: stdlib only)
+from transformer.notebook_setup import setup  # the clone is importable from here on
 
-if IN_COLAB:
-    notebook_setup.install_requirements(REPO_DIR)  # stops if the session must be restarted first
-
-from transformer import cli
-from transformer.versions import check_versions
-
-cli.quiet_tensorflow()  # before TensorFlow is imported
-TF_VERSION, TEXT_VERSION = check_versions()  # TensorFlow and tensorflow-text on one minor version
-
-PATHS = notebook_setup.resolve_paths(REPO_DIR, IN_COLAB, DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT, SAVE_TO_DRIVE)
-DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = PATHS.data_dir, PATHS.output_root, PATHS.tokenizer_root
-
-print(f"repository:   {REPO_DIR}  (Colab: {IN_COLAB})")
-print(f"versions:     tensorflow {TF_VERSION}, tensorflow-text {TEXT_VERSION}")
-print(f"data:         {DATA_DIR or 'TFDS ' + DATASET}")
-print(f"outputs:      {OUTPUT_ROOT}")
-print(f"tokenizers:   {TOKENIZER_ROOT}")
+DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATASET, OUTPUT_ROOT, TOKENIZER_ROOT,
+                                              SAVE_TO_DRIVE)
 
 # %% [markdown]
 # ## Model
@@ -152,19 +136,14 @@ import shutil
 import keras
 
 from transformer.config import DataConfig, ModelConfig, RunConfig, TokenizerConfig, TrainConfig
-from transformer.rundir import CONFIG_FILE, translator_from_run
+from transformer.rundir import CONFIG_FILE, REPORT_FILE, translator_from_run
 from transformer.training import train
 from transformer.translator import DecodeConfig
 
 if RUN_DIR is None:
-    import tensorflow as tf
-
     run_dir = OUTPUT_ROOT / "run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    precision = PRECISION
-    if precision == "auto":
-        precision = "float16" if tf.config.list_physical_devices("GPU") else "off"
     config = RunConfig(
         data=DataConfig(data_dir=DATA_DIR, dataset=DATASET, max_train_examples=MAX_TRAIN_EXAMPLES,
                         max_val_examples=MAX_VAL_EXAMPLES),
@@ -172,9 +151,11 @@ if RUN_DIR is None:
         model=ModelConfig(num_layers=NUM_LAYERS, d_model=D_MODEL, num_heads=NUM_HEADS, dff=DFF,
                           max_length=MAX_LENGTH),
         train=TrainConfig(epochs=EPOCHS, steps_per_epoch=STEPS, time_budget_minutes=TIME_BUDGET_MINUTES,
-                          mixed_precision=precision, output_dir=str(run_dir), verbose=2),
+                          mixed_precision=PRECISION, output_dir=str(run_dir), verbose=2),
     ).validate()
-    result = train(config)
+    result = train(config)  # "auto" precision / XLA: transformer/precision.py, as for scripts/train.py
+    decision = json.loads((run_dir / REPORT_FILE).read_text())["run"]["precision_decision"]
+    print(f"precision {decision['policy']}, XLA {'on' if decision['xla'] else 'off'}: {decision['reason']}")
     print(json.dumps(result.summary, indent=1))
     RUN_DIR = result.output_dir
 RUN_DIR = (REPO_DIR / RUN_DIR).resolve()

@@ -38,7 +38,7 @@ TINY_MODEL = dict(MAX_TRAIN_EXAMPLES=TOKENIZER_PAIRS, MAX_VAL_EXAMPLES=20, VOCAB
                   NUM_LAYERS=1, D_MODEL=16, NUM_HEADS=2, DFF=32, MAX_LENGTH=32)
 TINY = {
     NOTEBOOK_01: dict(TINY_MODEL, STEPS=3, VALIDATION_STEPS=1, BATCH_SIZE=16, MAX_TOKENS=256,
-                      RUNS=[("naive", "off", False), ("optimized", "off", True)]),
+                      RUNS=[("naive", "off", False), ("optimized", "auto", True)]),  # auto: pinned off (conftest)
     NOTEBOOK_02: dict(TINY_MODEL, EPOCHS=1, STEPS=3, EVAL_LIMIT=20),
 }
 
@@ -197,15 +197,20 @@ def _run(name: str, bible_tokenizers, tmp_path: Path):
 def test_notebook_01_trains_with_each_toggle_and_compares_the_reports(bible_tokenizers, tmp_path):
     notebook, output_root = _run(NOTEBOOK_01, bible_tokenizers, tmp_path)
     reports = sorted(output_root.glob("*/report.json"))
-    assert [path.parent.name for path in reports] == ["cpu-naive-fp32-noxla", "cpu-optimized-fp32-xla"]
+    assert [path.parent.name for path in reports] == ["cpu-naive-fp32-noxla", "cpu-optimized-fp32-xla-auto"]
     for path in reports:
         report = json.loads(path.read_text())
         assert report["state"] == "completed" and report["steps_done"] == 3
+    # "auto" is decided by transformer.precision, as training decides it (pinned to off in tests).
+    decision = json.loads(reports[1].read_text())["run"]["precision_decision"]
+    assert decision["requested"]["mixed_precision"] == "auto" and decision["mixed_precision"] == "off"
+    assert decision["xla"] is True
     table = (output_root / "comparison.md").read_text()
-    assert "| cpu-naive-fp32-noxla |" in table and "| cpu-optimized-fp32-xla |" in table
+    assert "| cpu-naive-fp32-noxla |" in table and "| cpu-optimized-fp32-xla-auto |" in table
     assert (output_root / "comparison.png").stat().st_size > 0
     text = _outputs_text(notebook)
     assert "TensorFlow sees:" in text and "| Run | Device |" in text
+    assert f"precision float32, XLA on: {decision['reason']}" in text
 
 
 def test_notebook_02_translates_scores_exports_and_reloads(bible_tokenizers, tmp_path):
@@ -214,4 +219,6 @@ def test_notebook_02_translates_scores_exports_and_reloads(bible_tokenizers, tmp
     evaluation = json.loads((output_root / "eval.json").read_text())
     assert evaluation["num_sentences"] == TINY[NOTEBOOK_02]["EVAL_LIMIT"] and "bleu" in evaluation
     assert (output_root / "export" / "saved_model.pb").is_file()
-    assert "translates exactly as the in-memory model" in _outputs_text(notebook)
+    text = _outputs_text(notebook)
+    assert "translates exactly as the in-memory model" in text
+    assert "precision float32, XLA off: auto pinned by $TRANSFORMER_AUTO_PRECISION=off" in text  # PRECISION "auto"

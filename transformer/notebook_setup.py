@@ -1,9 +1,9 @@
-"""The notebooks' setup, once the repository is on `sys.path`: Colab install and paths.
+"""The notebooks' setup, once the repository is on `sys.path`: Colab install, versions, paths.
 
-A notebook's setup cell only finds its repository (on Colab: clones it) and puts it on
-`sys.path`; then it calls `install_requirements` (Colab only) and `resolve_paths`, so both
-notebooks share one definition of what "setup" means. Imports nothing heavy: the stale-module
-check must run before TensorFlow, NumPy or Keras are imported by the package.
+A notebook's setup cell only finds its repository (on Colab: clones it), puts it on
+`sys.path` and calls `setup`, so both notebooks share one definition of what "setup" means.
+Imports nothing heavy at module level: the stale-module check of `install_requirements` must
+run before TensorFlow, NumPy or Keras are imported.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import importlib.metadata
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from transformer.constants import SHARED_CORPUS
 
@@ -47,8 +47,9 @@ def install_requirements(repo_dir: Path) -> None:
                            "Runtime → Restart session, then Runtime → Run all")
 
 
-@dataclass(frozen=True)
-class NotebookPaths:
+class NotebookPaths(NamedTuple):
+    """Unpacks as (data_dir, output_root, tokenizer_root)."""
+
     data_dir: str | None  # a local corpus directory, or None for the TFDS dataset
     output_root: Path     # absolute, created
     tokenizer_root: Path  # absolute
@@ -76,3 +77,22 @@ def resolve_paths(repo_dir: Path, in_colab: bool, data_dir: str | None, output_r
     output.mkdir(parents=True, exist_ok=True)
     tokenizers = (repo_dir / tokenizer_root).resolve() if tokenizer_root else output / "tokenizers"
     return NotebookPaths(data_dir, output, tokenizers)
+
+
+def setup(repo_dir: Path, in_colab: bool, data_dir: str | None, dataset: str, output_root: str | Path,
+          tokenizer_root: str | Path | None, save_to_drive: bool) -> NotebookPaths:
+    """The setup cell after the clone is importable: install (Colab), version check, paths; prints them."""
+    if in_colab:
+        install_requirements(repo_dir)  # raises if the session must be restarted first
+    from transformer import cli
+    from transformer.versions import check_versions
+
+    cli.quiet_tensorflow()  # before TensorFlow is imported
+    tf_version, text_version = check_versions()  # TensorFlow and tensorflow-text on one minor version
+    paths = resolve_paths(repo_dir, in_colab, data_dir, output_root, tokenizer_root, save_to_drive)
+    print(f"repository:   {repo_dir}  (Colab: {in_colab})")
+    print(f"versions:     tensorflow {tf_version}, tensorflow-text {text_version}")
+    print(f"data:         {paths.data_dir or 'TFDS ' + dataset}")
+    print(f"outputs:      {paths.output_root}")
+    print(f"tokenizers:   {paths.tokenizer_root}")
+    return paths
