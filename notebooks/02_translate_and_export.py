@@ -135,10 +135,9 @@ import shutil
 
 import keras
 
-from transformer.config import DataConfig, ModelConfig, RunConfig, TokenizerConfig, TrainConfig
+from transformer.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, TokenizerConfig, TrainConfig
 from transformer.rundir import CONFIG_FILE, REPORT_FILE, translator_from_run
 from transformer.training import train
-from transformer.translator import DecodeConfig
 
 if RUN_DIR is None:
     run_dir = OUTPUT_ROOT / "run"

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import script_main
+
 from tests.test_compare import write_report
 from transformer import benchmark
 from transformer.benchmark import Cell, make_cells

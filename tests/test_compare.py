@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import script_main
+
 from transformer.compare import compare, load_runs, speedups, verdict
 from transformer.reports import StepRecord, StepTimeReport
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import REPO_ROOT, TOKENIZER_PAIRS, TOKENIZER_VOCAB
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"

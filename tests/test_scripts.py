@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import sacrebleu
 import tensorflow as tf
-
 from conftest import TINY_RUN_STEPS, script_main
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "", "Deus é amor.", "Jesus chorou."]
