@@ -6,7 +6,8 @@ import pytest
 from conftest import script_main
 
 from transformer.compare import compare, load_runs, speedups, verdict
-from transformer.reports import StepRecord, StepTimeReport
+from transformer.reports import StepTimeReport
+from transformer.step_stats import StepRecord
 
 
 def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: int = 6, bleus=()) -> Path:

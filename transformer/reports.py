@@ -29,21 +29,16 @@ import dataclasses
 import datetime
 import io
 import json
-import os
-import platform
-import shutil
-import socket
-import subprocess
 import traceback
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
-import psutil
 
 from transformer import atomic
+from transformer.environment import capture_environment
 from transformer.errors import InputError, MissingFileError
+from transformer.step_stats import STEP_COLUMNS, StepRecord, summarize, total
 
 SCHEMA_VERSION = 1
 STATES = ("running", "completed", "crashed", "interrupted", "diverged")
@@ -58,189 +53,6 @@ REQUIRED_KEYS = (
     "summary",
     "steps_csv",
 )
-
-
-# ---------------------------------------------------------------------------- steps
-
-
-def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
-    return None if num is None or not den else num / den
-
-
-def _pct(num: Optional[float], den: Optional[float]) -> Optional[float]:
-    ratio = _ratio(num, den)
-    return None if ratio is None else 100.0 * ratio
-
-
-def _total(records: Sequence[StepRecord], name: str) -> Optional[float]:
-    """Sum of one field over records; None if any record lacks it (no silent gaps)."""
-    values = [getattr(r, name) for r in records]
-    return None if not values or any(v is None for v in values) else float(sum(values))
-
-
-def _padding_fraction(records: Sequence[StepRecord]) -> Optional[float]:
-    real = [_total(records, "src_tokens"), _total(records, "tgt_tokens")]
-    padded = [_total(records, "src_padded"), _total(records, "tgt_padded")]
-    if None in real or None in padded or not sum(padded):
-        return None
-    return 1.0 - sum(real) / sum(padded)
-
-
-def _max(records: Sequence[StepRecord], name: str) -> Optional[float]:
-    values = [getattr(r, name) for r in records if getattr(r, name) is not None]
-    return max(values) if values else None
-
-
-def _rates(records: Sequence[StepRecord], peak_flops: Optional[float]) -> dict:
-    """Throughput of `records` as ratios of sums: tokens/s, examples/s, FLOP/s, shares."""
-    time_s = _total(records, "time_s")
-    flops_per_s = _ratio(_total(records, "flops"), time_s)
-    return {
-        "data_wait_pct": _pct(_total(records, "data_wait_s"), time_s),
-        "examples_per_s": _ratio(_total(records, "examples"), time_s),
-        "src_tokens_per_s": _ratio(_total(records, "src_tokens"), time_s),
-        "src_padded_tokens_per_s": _ratio(_total(records, "src_padded"), time_s),
-        "tgt_tokens_per_s": _ratio(_total(records, "tgt_tokens"), time_s),
-        "tgt_padded_tokens_per_s": _ratio(_total(records, "tgt_padded"), time_s),
-        "padding_fraction": _padding_fraction(records),
-        "flops_per_s": flops_per_s,
-        "utilisation": _ratio(flops_per_s, peak_flops),
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
-    """Raw measurements of one step (or one execution of `batches` steps).
-
-    Counts are None when they could not be measured (e.g. input-wait measurement off).
-    """
-
-    step: int  # global index of the first step in this row, from 0
-    epoch: int
-    batches: int  # steps in this row (> 1 only with steps_per_execution > 1)
-    time_s: float  # wall time of the row, device synced
-    data_wait_s: Optional[float] = None  # time blocked in next(iterator)
-    instrument_s: Optional[float] = None  # time spent counting tokens (measurement overhead)
-    examples: Optional[int] = None
-    src_tokens: Optional[int] = None  # non-pad
-    src_padded: Optional[int] = None  # batch × padded length
-    tgt_tokens: Optional[int] = None
-    tgt_padded: Optional[int] = None
-    flops: Optional[float] = None  # estimated model FLOPs (padded shapes)
-    rss_bytes: Optional[int] = None  # host resident set size after the step
-    gpu_peak_bytes: Optional[int] = None  # GPU:0 allocator peak so far
-    loss: Optional[float] = None
-
-    @property
-    def step_s(self) -> float:
-        return self.time_s / self.batches
-
-    def row(self, *, warmup: bool, peak_flops: Optional[float]) -> dict:
-        """The CSV row: raw fields plus this step's rates."""
-        return {
-            **dataclasses.asdict(self),
-            "warmup": warmup,
-            "step_s": self.step_s,
-            **_rates([self], peak_flops),
-        }
-
-
-# CSV header: the raw fields, then the derived ones, in `StepRecord.row` order.
-STEP_COLUMNS: tuple[str, ...] = tuple(
-    StepRecord(step=0, epoch=0, batches=1, time_s=1.0).row(warmup=False, peak_flops=None)
-)
-
-
-def summarize(
-    records: Sequence[StepRecord],
-    *,
-    warmup_steps: int,
-    peak_flops: Optional[float] = None,
-    train_wall_s: Optional[float] = None,
-) -> dict:
-    """Steady-state statistics (rows after the first `warmup_steps` rows)."""
-    steady = list(records[warmup_steps:])
-    time_s = _total(steady, "time_s")
-    batches = _total(steady, "batches")
-    step_times = np.array([r.step_s for r in steady]) if steady else None
-    return {
-        "first_step_s": records[0].time_s if records else None,
-        "warmup_steps": warmup_steps,
-        "steady_steps": int(batches or 0),
-        "total_wall_s": train_wall_s,
-        "steps_time_s": _total(records, "time_s"),
-        "mean_step_s": _ratio(time_s, batches),
-        "median_step_s": float(np.median(step_times)) if steady else None,
-        "p90_step_s": float(np.percentile(step_times, 90)) if steady else None,
-        **_rates(steady, peak_flops),
-        "instrument_pct": _pct(_total(steady, "instrument_s"), time_s),
-        "flops_per_step": _ratio(_total(steady, "flops"), batches),
-        "peak_flops": peak_flops,
-        "peak_rss_bytes": _max(records, "rss_bytes"),
-        "gpu_peak_bytes": _max(records, "gpu_peak_bytes"),
-    }
-
-
-# ---------------------------------------------------------------------------- environment
-
-
-def _package_version(name: str) -> Optional[str]:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def _nvidia_smi() -> Optional[str]:
-    """`nvidia-smi` output, or None when the binary is absent or fails."""
-    binary = shutil.which("nvidia-smi")
-    if binary is None:
-        return None
-    try:
-        done = subprocess.run([binary], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"nvidia-smi failed: {err}"
-    return done.stdout or done.stderr
-
-
-def capture_environment() -> dict:
-    """Versions, device, CPU and host of this process (JSON-ready)."""
-    import keras
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    device = "CPU"
-    if gpus:
-        details = tf.config.experimental.get_device_details(gpus[0])
-        device = details.get("device_name", gpus[0].name)
-    build = tf.sysconfig.get_build_info()
-    return {
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "tensorflow_text": _package_version("tensorflow-text"),
-        "keras": keras.__version__,
-        "numpy": np.__version__,
-        "device": device,
-        "gpu_count": len(gpus),
-        "cuda_build": build.get("cuda_version"),
-        "cudnn_build": build.get("cudnn_version"),
-        "cpu_model": _cpu_model(),
-        "cpu_count_logical": psutil.cpu_count(logical=True),
-        "cpu_count_physical": psutil.cpu_count(logical=False),
-        "cpu_count_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_total_bytes": psutil.virtual_memory().total,
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "nvidia_smi": _nvidia_smi(),
-    }
 
 
 # ---------------------------------------------------------------------------- files
@@ -362,7 +174,7 @@ class StepTimeReport:
 
     def tokens_seen(self) -> dict:
         """Non-pad source/target tokens and examples trained on so far (None if not measured)."""
-        return {name: (int(total) if (total := _total(self.records, name)) is not None else None)
+        return {name: (int(total) if (total := total(self.records, name)) is not None else None)
                 for name in ("examples", "src_tokens", "tgt_tokens")}
 
     def summary(self) -> dict:

@@ -47,7 +47,8 @@ import psutil
 import tensorflow as tf
 
 from transformer.flops import TransformerDims, measure_peak_flops
-from transformer.reports import StepRecord, StepTimeReport
+from transformer.reports import StepTimeReport
+from transformer.step_stats import StepRecord
 
 _ORIGINAL = "_batch_timer_original"
 
