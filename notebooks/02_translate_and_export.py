@@ -198,11 +198,12 @@ display(Image(filename=str(heatmap)))
 # Speed: one cold pass (tracing included), then one warm pass.
 
 # %%
-from transformer.evaluation import evaluate, load_eval_split, save_report
+from transformer.data import load_split
+from transformer.evaluation import evaluate, save_report
 
 data = RUN_CONFIG.data
 split = EVAL_SPLIT if EVAL_SPLIT != "auto" else ("validation" if data.data_dir else "test")
-sources, references = load_eval_split(data_dir=data.data_dir, dataset=None if data.data_dir else data.dataset,
+sources, references = load_split(data_dir=data.data_dir, dataset=None if data.data_dir else data.dataset,
                                       tfds_data_dir=data.tfds_data_dir, split=split, limit=EVAL_LIMIT)
 EVAL = evaluate(translator.translate_with_lengths, sources, references,
                 description={"model": str(RUN_DIR), "split": split})

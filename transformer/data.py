@@ -221,23 +221,10 @@ def _tfds_corpus(config: DataConfig) -> ParallelCorpus:
     by `max_*_examples`) before that filter, and `dropped_empty` stays 0 (unknown without a
     full pass). The validation split is used when the dataset has one.
     """
-    import tensorflow_datasets as tfds
-
     def load(split: str, **kwargs):
-        return tfds.load(config.dataset, split=split, data_dir=config.tfds_data_dir, as_supervised=True,
-                         shuffle_files=False, **kwargs)
+        return _tfds_load(config.dataset, split, config.tfds_data_dir, **kwargs)
 
-    try:
-        train, info = load("train", with_info=True)
-    except tfds.core.registered.DatasetNotFoundError as err:
-        raise CorpusError(f"--dataset {config.dataset!r}: {err}") from None
-    except Exception as err:
-        raise CorpusError(
-            f"could not download/prepare TFDS dataset {config.dataset!r} ({type(err).__name__}: {err}). "
-            "Offline? Put the dataset's archives in the TFDS manual directory "
-            "(<tfds-data-dir>/downloads/manual) or use local files with --data DIR "
-            "(see README, 'Training offline')."
-        ) from None
+    train, info = load("train", with_info=True)
 
     def prepare(ds: tf.data.Dataset, limit: Optional[int]) -> tf.data.Dataset:
         ds = ds.filter(_both_sides_non_empty)  # as the local path: drop pairs with an empty side
@@ -258,6 +245,45 @@ def _tfds_corpus(config: DataConfig) -> ParallelCorpus:
         num_train=size("train", config.max_train_examples),
         num_validation=size("validation", config.max_val_examples) if has_val else None,
     )
+
+
+def _tfds_load(dataset: str, split: str, data_dir: Optional[str], **kwargs):
+    """`tfds.load(dataset, split=…, as_supervised=True)`; a failure is a CorpusError saying what to do offline."""
+    import tensorflow_datasets as tfds
+
+    try:
+        return tfds.load(dataset, split=split, data_dir=data_dir, as_supervised=True, shuffle_files=False, **kwargs)
+    except tfds.core.registered.DatasetNotFoundError as err:
+        raise CorpusError(f"--dataset {dataset!r}: {err}") from None
+    except Exception as err:  # offline, missing split: tfds raises many types
+        raise CorpusError(
+            f"could not load TFDS dataset {dataset!r} split {split!r} ({type(err).__name__}: {err}). "
+            "Offline? Put the dataset's archives in the TFDS manual directory "
+            "(<tfds-data-dir>/downloads/manual) or use local files: --data DIR "
+            "(see README, 'Training offline')."
+        ) from None
+
+
+def load_split(*, src_file: Optional[str] = None, ref_file: Optional[str] = None, data_dir: Optional[str] = None,
+               split: str = "test", dataset: Optional[str] = None, tfds_data_dir: Optional[str] = None,
+               src_lang: str = "pt", tgt_lang: str = "en", limit: Optional[int] = None) -> tuple[list, list]:
+    """(sources, references) of one split for evaluation: line-aligned files, a `{split}.{lang}`
+    directory, or a TFDS dataset's split (as Python str lists, the first `limit` pairs)."""
+    if src_file or ref_file:
+        if not (src_file and ref_file):
+            raise CorpusError("--src and --ref must be given together")
+        sources, references, _ = read_parallel_files(Path(src_file), Path(ref_file))
+    elif data_dir:
+        root = Path(data_dir)
+        sources, references, _ = read_parallel_files(root / f"{split}.{src_lang}", root / f"{split}.{tgt_lang}")
+    elif dataset:
+        sources, references = [], []
+        for src, ref in _tfds_load(dataset, split, tfds_data_dir).as_numpy_iterator():
+            sources.append(src.decode("utf-8"))
+            references.append(ref.decode("utf-8"))
+    else:
+        raise CorpusError("choose the evaluation data: --src/--ref files, --data DIR, or --dataset NAME")
+    return sources[:limit], references[:limit]
 
 
 def _both_sides_non_empty(src: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:

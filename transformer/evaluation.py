@@ -1,6 +1,6 @@
 """Translation quality (sacrebleu BLEU and chrF) and decoding speed, reported as JSON.
 
-    sources, references = load_eval_split(data_dir="../shared/data/bible-pt-en", split="validation")
+    sources, references = data.load_split(data_dir="../shared/data/bible-pt-en", split="validation")
     report = evaluate(translator.translate_with_lengths, sources, references)
     save_report(report, "eval.json")
 
@@ -23,43 +23,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from transformer import atomic
-from transformer.data import CorpusError, read_parallel_files
 
 TranslateFn = Callable[[Sequence[str]], tuple]  # sentences → (translations, num_tokens or None)
-
-
-def load_eval_split(*, src_file: Optional[str] = None, ref_file: Optional[str] = None, data_dir: Optional[str] = None,
-                    split: str = "test", dataset: Optional[str] = None, tfds_data_dir: Optional[str] = None,
-                    src_lang: str = "pt", tgt_lang: str = "en", limit: Optional[int] = None) -> tuple[list, list]:
-    """(sources, references) from line-aligned files, a `{split}.{lang}` directory, or TFDS."""
-    if src_file or ref_file:
-        if not (src_file and ref_file):
-            raise CorpusError("--src and --ref must be given together")
-        sources, references, _ = read_parallel_files(Path(src_file), Path(ref_file))
-    elif data_dir:
-        root = Path(data_dir)
-        sources, references, _ = read_parallel_files(root / f"{split}.{src_lang}", root / f"{split}.{tgt_lang}")
-    elif dataset:
-        sources, references = _tfds_split(dataset, split, tfds_data_dir)
-    else:
-        raise CorpusError("choose the evaluation data: --src/--ref files, --data DIR, or --dataset NAME")
-    return sources[:limit], references[:limit]
-
-
-def _tfds_split(dataset: str, split: str, data_dir: Optional[str]) -> tuple[list, list]:
-    import tensorflow_datasets as tfds
-
-    try:
-        ds = tfds.load(dataset, split=split, as_supervised=True, data_dir=data_dir, shuffle_files=False)
-    except Exception as err:  # offline, unknown name, missing split: tfds raises many types
-        raise CorpusError(
-            f"could not load TFDS {dataset!r} split {split!r} ({type(err).__name__}: {err}); "
-            "offline? evaluate local files with --data DIR --split NAME or --src/--ref") from None
-    sources, references = [], []
-    for src, ref in ds.as_numpy_iterator():
-        sources.append(src.decode("utf-8"))
-        references.append(ref.decode("utf-8"))
-    return sources, references
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
@@ -154,9 +119,9 @@ def tutorial_translate_fn(translator) -> TranslateFn:
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
     def translate_one(sentence):
-        src, has_tokens = translator._source_ids(sentence[tf.newaxis])
+        src, has_tokens = translator.source_ids(sentence[tf.newaxis])
         ids = decoding.uncached_greedy_decode(translator.model, tf.cast(src.to_tensor(), tf.int32), max_steps)
-        text = translator._detokenize(ids)[0]
+        text = translator.detokenize(ids)[0]
         return tf.where(has_tokens[0], text, ""), tf.where(has_tokens[0], tf.shape(ids)[1], 0)
 
     def translate(sentences):

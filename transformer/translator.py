@@ -147,7 +147,7 @@ class Translator(tf.Module):
             attention: `[batch, heads, steps, src_len]` float32, last decoder layer's
                 cross-attention while generating each target token.
         """
-        src, has_tokens = self._source_ids(sentences)
+        src, has_tokens = self.source_ids(sentences)
         src_ids = src.to_tensor()  # [B, S]
         result = decoding.greedy_translate(self.model, tf.cast(src_ids, tf.int32), self._max_steps(tf.shape(src_ids)[1]),
                                            max_lengths=self._row_limits(src_ids), return_attention=True)
@@ -155,7 +155,7 @@ class Translator(tf.Module):
         lengths = tf.where(has_tokens, result.lengths, 0)
         ids = tf.where(tf.range(tf.shape(ids)[1])[tf.newaxis] < lengths[:, tf.newaxis], ids, PAD_ID)
         return {
-            "translations": tf.where(has_tokens, self._detokenize(ids), ""),
+            "translations": tf.where(has_tokens, self.detokenize(ids), ""),
             "source_tokens": self.tokenizers.src.lookup(src_ids),
             "source_lengths": tf.cast(src.row_lengths(), tf.int32),
             "target_ids": ids,
@@ -165,7 +165,7 @@ class Translator(tf.Module):
         }
 
     # ---- the pipeline ------------------------------------------------------------------
-    def _source_ids(self, sentences):
+    def source_ids(self, sentences):
         """`[batch]` strings → (ragged int64 `[batch, (src_len)]` ≤ max_length, has_tokens bool `[batch]`)."""
         text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace",
                                             replacement_char=0xFFFD)
@@ -178,7 +178,7 @@ class Translator(tf.Module):
 
     def _translate(self, sentences):
         """Sort by length → decode chunk by chunk → scatter back to input order."""
-        src, has_tokens = self._source_ids(sentences)
+        src, has_tokens = self.source_ids(sentences)
         n = tf.shape(sentences)[0]
         order = tf.argsort(tf.cast(src.row_lengths(), tf.int32), stable=True)
         chunk = self.config.chunk_size
@@ -191,7 +191,7 @@ class Translator(tf.Module):
             src_ids = tf.cast(tf.gather(src, rows).to_tensor(), tf.int32)  # [b, S]
             ids, lengths = self._decode_chunk(src_ids)
             rows = rows[:, tf.newaxis]
-            translations = tf.tensor_scatter_nd_update(translations, rows, self._detokenize(ids))
+            translations = tf.tensor_scatter_nd_update(translations, rows, self.detokenize(ids))
             num_tokens = tf.tensor_scatter_nd_update(num_tokens, rows, lengths)
             return i + 1, translations, num_tokens
 
@@ -236,6 +236,6 @@ class Translator(tf.Module):
     def _row_limits(self, src_ids):
         return self._output_bound(tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1) - 2)
 
-    def _detokenize(self, ids):
+    def detokenize(self, ids):
         """`[B, T]` int32 ids → `[B]` tf.string (reserved tokens dropped)."""
         return self.tokenizers.tgt.detokenize(tf.cast(ids, tf.int64))

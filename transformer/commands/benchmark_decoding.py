@@ -47,10 +47,11 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from transformer.evaluation import benchmark_decoding, load_eval_split, save_report
+    from transformer.data import load_split
+    from transformer.evaluation import benchmark_decoding, save_report
     from transformer.rundir import translator_from_run
 
-    sources, references = load_eval_split(data_dir=args.data, split=args.split, limit=args.limit)
+    sources, references = load_split(data_dir=args.data, split=args.split, limit=args.limit)
     translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size, jit_compile=args.xla),
                                      args.checkpoint)
     started = time.perf_counter()

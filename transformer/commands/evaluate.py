@@ -39,10 +39,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.start()
 
-    from transformer.evaluation import evaluate, load_eval_split, save_report
+    from transformer.data import load_split
+    from transformer.evaluation import evaluate, save_report
     from transformer.export import open_translator
 
-    sources, references = load_eval_split(
+    sources, references = load_split(
         src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,
         tfds_data_dir=args.tfds_data_dir, limit=args.limit)
     config = cli.decode_config_from_args(args)
