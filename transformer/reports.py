@@ -174,7 +174,7 @@ class StepTimeReport:
 
     def tokens_seen(self) -> dict:
         """Non-pad source/target tokens and examples trained on so far (None if not measured)."""
-        return {name: (int(total) if (total := total(self.records, name)) is not None else None)
+        return {name: (int(count) if (count := total(self.records, name)) is not None else None)
                 for name in ("examples", "src_tokens", "tgt_tokens")}
 
     def summary(self) -> dict:
