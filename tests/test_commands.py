@@ -30,6 +30,7 @@ ARGV = {
     "benchmark": ["--steps", "1"],
     "benchmark_decoding": ["--run", "missing"],
     "compare_reports": ["a.json", "b.json"],
+    "tune_decoding": ["--run", "missing"],
 }
 
 CHILD = """

@@ -167,3 +167,53 @@ def test_greedy_compiles_with_xla_and_matches_graph_mode():
     graph = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
     xla = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS), jit_compile=True)(src)
     np.testing.assert_array_equal(xla.ids.numpy(), graph.ids.numpy())
+
+
+def test_early_stopping_keeps_the_best_hypothesis_and_stops_sooner():
+    """Stopping a sentence once its best finished hypothesis cannot be overtaken gives the
+    same best hypothesis (or a better-scored one) as searching until every beam has ended,
+    in no more steps; the result of each sentence is independent of the batch."""
+    calls = {"early": 0, "full": 0}
+    for seed in (4, 6):
+        model = tiny_model(seed=seed)
+        rows, src = padded_sources()
+        limits = tf.constant([12, 6, 20])
+        results = {}
+        for mode in ("early", "full"):
+            counter = []
+            memory, src_mask = model.encode(src)
+            cache = model.init_cache(memory, src_mask, MAX_STEPS)
+            cross = [decoding.tile_beams(c, 4) for c in cache["cross"]]
+            step_fn = decoding.model_step_fn(model, decoding.tile_beams(src_mask, 4), cross)
+
+            def counted(ids, step, state, step_fn=step_fn, counter=counter):
+                counter.append(1)
+                return step_fn(ids, step, state)
+
+            results[mode] = decoding.beam_search(
+                counted, tf.fill([3], START_ID), [decoding.tile_beams(c, 4) for c in cache["self"]], 4, MAX_STEPS,
+                alpha=0.6, max_lengths=limits, early_stop=mode == "early")
+            calls[mode] += len(counter)
+        early, full = results["early"], results["full"]
+        assert np.all(early.scores.numpy()[:, 0] >= full.scores.numpy()[:, 0] - 1e-5)
+        same = (early.ids.numpy()[:, 0] == full.ids.numpy()[:, 0]).all(axis=1)
+        assert same.sum() >= 2, (early.ids.numpy()[:, 0], full.ids.numpy()[:, 0])
+        assert (early.lengths.numpy()[:, 0] <= limits.numpy()).all()
+    assert calls["early"] <= calls["full"]
+
+
+def test_beam_hypotheses_are_well_formed_and_within_their_limits():
+    """Every hypothesis: 1 <= length <= its sentence's limit, [END] at most once and only as
+    its last token, [PAD] after its length; the best one is finished ([END]) or at the limit."""
+    model = tiny_model(seed=7)
+    _, src = padded_sources()
+    limits = np.array([3, 9, 20])
+    result = decoding.beam_translate(model, src, 3, MAX_STEPS, alpha=0.6, max_lengths=tf.constant(limits))
+    ids, lengths = result.ids.numpy(), result.lengths.numpy()
+    for b in range(3):
+        for k in range(3):
+            n = lengths[b, k]
+            assert 1 <= n <= limits[b]
+            assert (ids[b, k, n:] == PAD_ID).all() and (ids[b, k, :n] != PAD_ID).all()
+            assert END_ID not in ids[b, k, : n - 1]
+        assert ids[b, 0, lengths[b, 0] - 1] == END_ID or lengths[b, 0] == limits[b]

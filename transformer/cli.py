@@ -29,7 +29,7 @@ def quiet_tensorflow() -> None:
 
 
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
-            "benchmark_decoding", "compare_reports")  # modules of transformer/commands/, each with main(argv)
+            "benchmark_decoding", "compare_reports", "tune_decoding")  # modules of transformer/commands/, each with main(argv)
 
 
 def command_line(name: str, *args: str) -> list[str]:

@@ -218,13 +218,25 @@ def beam_search(
     end_id: int = END_ID,
     max_lengths: Optional[tf.Tensor] = None,
     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
+    early_stop: bool = True,
 ) -> BeamResult:
-    """Beam search with the GNMT length penalty, in one `tf.while_loop`.
+    """Beam search with the GNMT length penalty, in one `tf.while_loop`, batched over
+    sentences × beams.
 
     Candidates are ranked by `log_prob / ((5 + length) / 6) ** alpha`. A finished hypothesis
     keeps its score: its only continuation is [END] with log-probability 0 and its length
-    stops growing. The loop stops when all `beam_size` hypotheses of every sentence are
-    finished or after `max_steps` tokens.
+    stops growing.
+
+    Stopping. Without `early_stop` a sentence is searched until all `beam_size` hypotheses
+    are finished. With it (the default) a sentence stops as soon as its best finished
+    hypothesis cannot be beaten: a live hypothesis's log-probability only falls and its
+    penalty is at most `length_penalty(limit)` (limit: the row's `max_lengths`, else
+    `max_steps`), so when `best finished score >= max live log_prob / length_penalty(limit)`
+    (alpha >= 0) no live hypothesis can overtake it (the bound of tensor2tensor's beam
+    search). The sentence is then frozen: its best hypothesis is final, the others keep
+    whatever they had (possibly unfinished). The loop ends when every sentence has stopped
+    or after `max_steps` tokens. A sentence's result never depends on the other sentences of
+    the batch.
 
     Args:
         symbols_to_logits_fn: the step callback; it is called on `batch * beam_size` rows
@@ -235,8 +247,10 @@ def beam_search(
             gathered by beam parent after every step (`gather_beams`).
         beam_size: int.
         max_steps: int. At most this many tokens per hypothesis.
-        alpha: float. Length-penalty exponent; 0 ranks by raw log-probability. Defaults to 0.6.
+        alpha: float >= 0. Length-penalty exponent; 0 ranks by raw log-probability.
+            Defaults to 0.6.
         end_id, max_lengths ([batch]), forbidden_ids: as in `greedy_decode`.
+        early_stop: bool. Stop a sentence once its best hypothesis is final (see above).
 
     Returns:
         `BeamResult`, hypotheses sorted best first.
@@ -251,12 +265,17 @@ def beam_search(
     scores = log_probs
     finished = tf.zeros([batch, k], tf.bool)
     lengths = tf.zeros([batch, k], tf.int32)
+    stopped = tf.zeros([batch], tf.bool)  # sentences whose best hypothesis is final
     limits = None if max_lengths is None else tf.cast(max_lengths, tf.int32)[:, tf.newaxis]  # [B, 1]
+    # The largest length penalty a hypothesis of each sentence can reach: [B, 1].
+    longest = tf.fill([batch, 1], tf.cast(max_steps, tf.int32)) if limits is None else tf.minimum(limits, max_steps)
+    max_penalty = length_penalty(longest, alpha)
+    same_beam = tf.tile(tf.range(k)[tf.newaxis], [batch, 1])  # [B, K] identity parents
 
-    def cond(step, inputs, ids, log_probs, scores, finished, lengths, state):
-        return (step < max_steps) & tf.logical_not(tf.reduce_all(finished))
+    def cond(step, inputs, ids, log_probs, scores, finished, lengths, stopped, state):
+        return (step < max_steps) & tf.logical_not(tf.reduce_all(stopped | tf.reduce_all(finished, axis=1)))
 
-    def body(step, inputs, ids, log_probs, scores, finished, lengths, state):
+    def body(step, inputs, ids, log_probs, scores, finished, lengths, stopped, state):
         outputs = symbols_to_logits_fn(tf.reshape(inputs, [-1]), step, state)
         logits, state = outputs[0], outputs[1]
         logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [B*K, V]
@@ -268,21 +287,30 @@ def beam_search(
         new_lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)  # [B, K]
         candidate_scores = total / length_penalty(new_lengths, alpha)[:, :, tf.newaxis]
 
-        scores, flat = tf.math.top_k(tf.reshape(candidate_scores, [batch, k * vocab]), k=k)  # [B, K]
+        new_scores, flat = tf.math.top_k(tf.reshape(candidate_scores, [batch, k * vocab]), k=k)  # [B, K]
         parents, tokens = flat // vocab, flat % vocab
-        log_probs = tf.gather(tf.reshape(total, [batch, k * vocab]), flat, batch_dims=1)
-        lengths = tf.gather(new_lengths, parents, batch_dims=1)
+        keep = stopped[:, tf.newaxis]  # [B, 1]: stopped sentences stay as they are
+        parents = tf.where(keep, same_beam, parents)
+        new_log_probs = tf.gather(tf.reshape(total, [batch, k * vocab]), flat, batch_dims=1)
         was_finished = tf.gather(finished, parents, batch_dims=1)
-        tokens = tf.where(was_finished, PAD_ID, tokens)
+        tokens = tf.where(was_finished | keep, PAD_ID, tokens)
         ids = _write_column(tf.gather(ids, parents, batch_dims=1), tokens, step)
-        finished = was_finished | tf.equal(tokens, end_id)
+        scores = tf.where(keep, scores, new_scores)
+        log_probs = tf.where(keep, log_probs, new_log_probs)
+        lengths = tf.where(keep, lengths, tf.gather(new_lengths, parents, batch_dims=1))
+        finished = tf.where(keep, finished, was_finished | tf.equal(tokens, end_id))
         if limits is not None:
             finished = finished | (step + 1 >= limits)
+        if early_stop:
+            best_finished = tf.reduce_max(tf.where(finished, scores, NEG_INF), axis=1)  # [B]
+            best_alive = tf.reduce_max(tf.where(finished, NEG_INF, log_probs) / max_penalty, axis=1)
+            stopped = stopped | (tf.reduce_any(finished, axis=1) & (best_finished >= best_alive))
         state = tf.nest.map_structure(lambda s: gather_beams(s, parents, batch, k), state)
-        return step + 1, tokens, ids, log_probs, scores, finished, lengths, state
+        return step + 1, tokens, ids, log_probs, scores, finished, lengths, stopped, state
 
-    loop_vars = (tf.constant(0), inputs, ids, log_probs, scores, finished, lengths, state)
-    _, _, ids, log_probs, scores, _, lengths, _ = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_steps)
+    loop_vars = (tf.constant(0), inputs, ids, log_probs, scores, finished, lengths, stopped, state)
+    _, _, ids, log_probs, scores, _, lengths, _, _ = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_steps)
     return BeamResult(ids, scores, log_probs, lengths)
 
 
