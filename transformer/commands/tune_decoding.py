@@ -23,10 +23,12 @@ from pathlib import Path
 from transformer import cli
 from transformer.config import DecodeConfig
 from transformer.constants import SHARED_CORPUS_DIR
+from transformer.errors import command
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
 
 
+@command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="training run directory")
