@@ -10,6 +10,7 @@ from tests.test_compare import write_report
 from transformer import benchmark
 from transformer.benchmark import Cell, make_cells
 from transformer.constants import SHARED_CORPUS_DIR
+from transformer.errors import ProjectError
 
 REPO = Path(__file__).resolve().parents[1]
 BIBLE = SHARED_CORPUS_DIR
@@ -52,7 +53,7 @@ def test_a_single_cell_prints_its_tables(tmp_path, monkeypatch):
     assert "Tgt tokens/s (real)" in (tmp_path / "bench" / "sweep.md").read_text()
     assert (tmp_path / "bench" / "comparison.png").stat().st_size > 1000
     monkeypatch.setattr(benchmark, "run_cell", lambda cell, root, *args: root / "absent" / "report.json")
-    with pytest.raises(RuntimeError, match="no cell produced a report"):
+    with pytest.raises(ProjectError, match="no cell produced a report"):
         benchmark.run_matrix([cell], tmp_path / "none", [])
 
 
