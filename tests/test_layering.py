@@ -28,30 +28,29 @@ def test_import_contracts_are_kept():
     assert "0 broken" in result.stdout
 
 
-def _copy_package(tmp_path: Path) -> Path:
+def _lint_with_plants(tmp_path: Path, plants: dict[str, str]) -> subprocess.CompletedProcess:
+    """Lints a copy of the package in which `plants` {module file: code} are appended."""
     shutil.copytree(REPO_ROOT / "transformer", tmp_path / "transformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    return tmp_path
+    for name, code in plants.items():
+        with open(tmp_path / "transformer" / name, "a") as f:
+            f.write(code)
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    return result
 
 
 def test_a_planted_upward_import_breaks_the_layers_contract(tmp_path):
-    root = _copy_package(tmp_path)
-    with open(root / "transformer" / "model.py", "a") as f:
-        f.write("\nfrom transformer.training import train  # planted: model → training is upward\n")
-    result = _lint_imports(root)
-    assert result.returncode != 0
+    result = _lint_with_plants(tmp_path, {
+        "model.py": "\nfrom transformer.training import train  # planted: model → training is upward\n"})
     assert "Layers: no module imports from a layer above its own BROKEN" in result.stdout
     assert "transformer.model -> transformer.training" in result.stdout
 
 
 def test_a_planted_cycle_and_a_tensorflow_import_in_the_base_layer_break_the_contracts(tmp_path):
-    root = _copy_package(tmp_path)
-    with open(root / "transformer" / "constants.py", "a") as f:
-        f.write("\nimport tensorflow  # planted\n")
-    with open(root / "transformer" / "translator.py", "a") as f:
-        f.write("\n\ndef _late():\n    from transformer.export import open_translator  # planted cycle\n")
-    result = _lint_imports(root)
-    assert result.returncode != 0
+    result = _lint_with_plants(tmp_path, {
+        "constants.py": "\nimport tensorflow  # planted\n",
+        "translator.py": "\n\ndef _late():\n    from transformer.export import open_translator  # planted cycle\n"})
     assert "TensorFlow-free (config, flags, constants load without TF) BROKEN" in result.stdout
     assert "No import cycles between the package's modules BROKEN" in result.stdout
