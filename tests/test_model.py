@@ -282,7 +282,7 @@ def test_mixed_precision_runs_and_trains(tiny_model_config, precision_policy):
     assert step_logits.dtype == tf.float32
 
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=MaskedSparseCrossEntropy())
-    model.optimizer.build(model.trainable_variables)  # as training.compile_model: no retrace on step 1
+    model.optimizer.build(model.trainable_variables)  # as optimizer.compile_model: no retrace on step 1
     if precision_policy == "mixed_float16":
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     full_tgt = np.pad(tgt, [[0, 0], [0, 1]])

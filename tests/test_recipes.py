@@ -14,7 +14,8 @@ from transformer.config import ModelConfig, RunConfig
 from transformer.presets import PRESETS
 from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.rundir import CONFIG_FILE, RunCheckpoints, average_checkpoints, build_model, load_trained_model
-from transformer.training import compile_model, train
+from transformer.optimizer import compile_model
+from transformer.training import train
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 
 from tests.test_training import run_config, tokenizers_reused

@@ -15,7 +15,8 @@ from transformer.config import ModelConfig, PipelineConfig, RunConfig, TrainConf
 from transformer.pipeline import bucket_boundaries, make_batches, padded_lengths
 from transformer.constants import END_ID, PAD_ID, START_ID
 from transformer.rundir import CONFIG_FILE, build_model, load_trained_model
-from transformer.training import compile_model, train
+from transformer.optimizer import compile_model
+from transformer.training import train
 
 MAX_LENGTH = 20  # deliberately not a multiple of the bucket width (8)
 

@@ -24,6 +24,9 @@ reference that cached decoding must reproduce token for token.
 Shapes are static inside the loops: generated ids live in a `[batch, max_steps]` buffer and
 the self-attention cache has a fixed length, so one graph serves every step (and XLA can
 compile it). Generated ids never include [START]; after [END] a row holds [PAD].
+
+Size: over ~350 lines on purpose: greedy, beam search and the uncached reference loop share
+the step-callback contract above; splitting them would separate a strategy from its reference.
 """
 
 from __future__ import annotations

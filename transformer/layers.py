@@ -19,6 +19,9 @@ is filled once from the encoder output. A rank-3 cache `[batch, len, d_model]` h
 attended inputs instead, with keys/values folded into the query and the context
 (`CachedMultiHeadAttention.attend_inputs`); the model uses it when key_dim >= d_model.
 One code path serves training and step-by-step decoding, and XLA sees static shapes.
+
+Size: over ~350 lines on purpose: the attention, feed-forward, encoder and decoder blocks
+share the mask and cache conventions above and are read together.
 """
 
 from __future__ import annotations

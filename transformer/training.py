@@ -19,6 +19,9 @@ two (a backup present in the run directory implies `--resume`).
 Out of memory: with `--auto-batch` a run retries at half the batch (transformer/auto_batch.py).
 Datasets (incl. the TPU path): transformer/training_data.py; step timing under a strategy:
 transformer/replica_timing.py.
+
+Size: over ~350 lines on purpose: `_train` reads top to bottom as the whole run; its parts
+live in rundir, optimizer, training_data, auto_batch, replica_timing and the callback modules.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from transformer.devices import select_device, set_precision
 from transformer.errors import OutputExistsError
 from transformer.faults import DivergenceGuard, InterruptHandler
 from transformer.flops import TransformerDims
-from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
+from transformer.optimizer import compile_model, make_schedule
 from transformer.pipeline import make_batches
 from transformer.precision import decide_precision
 from transformer.profiling import StepProfiler
@@ -56,7 +59,6 @@ from transformer.reports import StepTimeReport
 from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
                                 TOKENIZER_DIR, RunCheckpoints, build_model)
 from transformer.runlock import RunLock, make_run_dir
-from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.timing import BatchTimer
 from transformer.training_data import count_batches
 from transformer.tokenizer import build_or_load_tokenizers
@@ -65,43 +67,6 @@ from transformer.validation_bleu import ValidationBleu, fixed_sample
 
 log = logging.getLogger(__name__)
 
-
-
-def make_schedule(config: RunConfig, d_model: int, progress: Optional[tf.Variable] = None,
-                  total_steps: Optional[int] = None) -> keras.optimizers.schedules.LearningRateSchedule:
-    """The learning-rate schedule of `config.train` (see transformer/schedule.py).
-
-    The cosine schedule decays over the planned run: `progress` (a time budget's fraction
-    spent, from `budget.TrainingClock`) when there is a budget, else `total_steps`.
-    """
-    train_config = config.train
-    if train_config.lr_schedule == "inverse-sqrt":
-        return WarmupInverseSqrt(d_model, train_config.warmup_steps, train_config.peak_learning_rate)
-    if train_config.time_budget_minutes is not None:
-        return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, progress=progress)
-    if total_steps is None:
-        raise ValueError("the cosine schedule needs the planned length: give --time-budget or --steps-per-epoch")
-    return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, total_steps=total_steps)
-
-
-def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras.optimizers.Optimizer:
-    """Adam(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA.
-
-    Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
-    variables are created here so a checkpoint can restore them before the first step.
-    Call it under the strategy's scope, as `build_model`.
-    """
-    if schedule is None:
-        schedule = make_schedule(config, model.config.d_model)
-    optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
-    model.compile(
-        optimizer=optimizer,
-        loss=MaskedSparseCrossEntropy(config.train.label_smoothing),
-        metrics=[MaskedAccuracy()],
-        jit_compile=config.train.xla,
-    )
-    model.optimizer.build(model.trainable_variables)
-    return model.optimizer
 
 
 class EpochCheckpoint(keras.callbacks.Callback):
