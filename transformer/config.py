@@ -297,8 +297,8 @@ class DecodeConfig:
     length_bucket: with jit_compile, source lengths are padded to a multiple of this.
     """
 
-    beam_size: int = 1
-    alpha: float = 0.6
+    beam_size: int = 1  # greedy: beam 4 gains ~1.3 BLEU at a fraction of the speed (docs/recipes.md, Decoding)
+    alpha: float = 1.0  # tuned on validation (grid 0.2 / 0.6 / 1.0 with beam 4, docs/recipes.md)
     max_output_ratio: float = 1.5
     max_output_extra: int = 10
     chunk_size: int = 128
@@ -308,6 +308,8 @@ class DecodeConfig:
     def validate(self) -> "DecodeConfig":
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha (the length-penalty exponent) must be >= 0, got {self.alpha}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.max_output_ratio <= 0 or self.max_output_extra < 0:

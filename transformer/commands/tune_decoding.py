@@ -56,11 +56,12 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from transformer.decode_tuning import best_alpha, decoder_name, interleaved_speed, quality_grid, wall_clock
-    from transformer.evaluation import load_eval_split, save_report, score
+    from transformer.data import load_split
+    from transformer.evaluation import save_report, score
     from transformer.export import export_translator, load_exported
     from transformer.rundir import translator_from_run
 
-    sources, references = load_eval_split(data_dir=args.data, split=args.split, limit=args.limit)
+    sources, references = load_split(data_dir=args.data, split=args.split, limit=args.limit)
     translator = translator_from_run(args.run, DecodeConfig(jit_compile=args.xla), args.checkpoint)
     started = wall_clock()
     grid = quality_grid(translator, sources, references, beams=args.beams, alphas=args.alphas) if args.grid else []
@@ -119,3 +120,7 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
