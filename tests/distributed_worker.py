@@ -26,7 +26,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -83,8 +82,8 @@ def equivalence(out: Path) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from transformer.losses import MaskedSparseCrossEntropy
     from transformer.constants import PAD_ID
+    from transformer.losses import MaskedSparseCrossEntropy
 
     class PerReplicaMean(keras.losses.Loss):
         """The bug the project's loss avoids: each replica divides by its own token count."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,7 +33,8 @@ def tiny_model(src_vocab_size: int = 40, tgt_vocab_size: int = 48, max_length: i
 
     keras.utils.set_random_seed(seed)
     config = ModelConfig(num_layers=num_layers, d_model=d_model, num_heads=2, dff=32, dropout_rate=0.0,
-                         head_width=head_width, max_length=max_length, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
+                         head_width=head_width, max_length=max_length, src_vocab_size=src_vocab_size,
+                         tgt_vocab_size=tgt_vocab_size)
     return build_model(config)
 
 

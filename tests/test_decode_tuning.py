@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import script_main
+
 from transformer.decode_tuning import best_alpha, interleaved_speed
 
 

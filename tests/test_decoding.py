@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from helpers_translation import tiny_model
+
 from transformer import decoding
 from transformer.constants import END_ID, PAD_ID, START_ID
 

@@ -167,8 +167,8 @@ def test_tpu_batches_have_static_shapes():
 
 
 def test_halved_pipeline_stops_at_the_floor():
-    from transformer.config import PipelineConfig
     from transformer.auto_batch import AUTO_BATCH_FLOOR_TOKENS, halved_pipeline
+    from transformer.config import PipelineConfig
 
     assert halved_pipeline(PipelineConfig(max_tokens=1000)).max_tokens == 500
     assert halved_pipeline(PipelineConfig(max_tokens=300)).max_tokens == AUTO_BATCH_FLOOR_TOKENS

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-
 from helpers_translation import BAD_INPUTS, tiny_translator
+
 from transformer.export import export_translator, load_exported
 from transformer.translator import DecodeConfig
 

@@ -5,10 +5,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_model import build, cached_logits, different_ids, future_leak, random_ids
-from transformer.losses import MaskedSparseCrossEntropy
+
 from transformer.constants import PAD_ID
+from transformer.losses import MaskedSparseCrossEntropy
 
 
 @pytest.fixture

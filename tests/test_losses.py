@@ -4,9 +4,9 @@ import keras
 import numpy as np
 import pytest
 
+from transformer.constants import PAD_ID
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.schedule import WarmupInverseSqrt
-from transformer.constants import PAD_ID
 
 VOCAB = 11
 

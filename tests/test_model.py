@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from transformer.constants import PAD_ID
 from transformer.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model import Transformer
 from transformer.schedule import WarmupInverseSqrt
-from transformer.constants import PAD_ID
 
 BATCH, SRC_LEN, TGT_LEN = 3, 7, 6
 

@@ -164,8 +164,8 @@ def test_real_probe_is_short_and_measures_both_dtypes():
 
 def test_float16_decision_trains_with_loss_scaling(tiny_model_config):
     from transformer.devices import set_precision
-    from transformer.rundir import build_model
     from transformer.optimizer import compile_model
+    from transformer.rundir import build_model
 
     decision = decide_precision(device="gpu", facts=DeviceFacts("gpu", gpu_capability=(7, 5)), probe=no_probe)
     try:

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from test_training import run_config, tokenizers_reused
+
 from transformer import cli
 from transformer.compare import compare
 from transformer.config import TrainConfig, parse_profile_steps

@@ -9,14 +9,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_model import TGT_LEN, build, cached_logits, future_leak, random_ids
+
 from transformer import cli
 from transformer.config import ModelConfig, RunConfig, TokenizerConfig
+from transformer.constants import PAD_ID
 from transformer.losses import MaskedSparseCrossEntropy
 from transformer.model import Transformer
 from transformer.tied import TiedLogits
-from transformer.constants import PAD_ID
 
 VARIANTS = {  # each knob once, in few combinations (the suite has a time budget)
     "tied-output": dict(tie_embeddings="output"),  # separate vocabularies (40 / 48), input cache
@@ -185,8 +185,8 @@ def test_shared_vocab_tokenizers_and_export_of_a_tied_pre_norm_model(bible_token
     """One vocabulary for both languages (own key), a tied pre-norm model on it, exported
     == in memory."""
     from transformer.export import export_translator, load_exported
-    from transformer.tokenizer import build_or_load_tokenizers, tokenizer_key
     from transformer.rundir import build_model
+    from transformer.tokenizer import build_or_load_tokenizers, tokenizer_key
     from transformer.translator import DecodeConfig, Translator
 
     corpus = bible_tokenizers.corpus

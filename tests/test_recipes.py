@@ -9,16 +9,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.test_training import run_config, tokenizers_reused
 from transformer import cli
-from transformer.config import ModelConfig, RunConfig
-from transformer.presets import PRESETS
-from transformer.schedule import WarmupCosine, WarmupInverseSqrt
-from transformer.rundir import CONFIG_FILE, RunCheckpoints, average_checkpoints, build_model, load_trained_model
+from transformer.config import ModelConfig
 from transformer.optimizer import compile_model
+from transformer.presets import PRESETS
+from transformer.rundir import CONFIG_FILE, RunCheckpoints, average_checkpoints, build_model, load_trained_model
+from transformer.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.training import train
 from transformer.validation_bleu import ValidationBleu, fixed_sample
-
-from tests.test_training import run_config, tokenizers_reused
 
 
 def lrs(schedule, steps):

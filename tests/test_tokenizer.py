@@ -15,10 +15,9 @@ import pytest
 
 from transformer import tokenizer as tokenizer_module
 from transformer.config import DataConfig, TokenizerConfig
-from transformer.data import load_corpus
 from transformer.constants import END_ID, PAD_ID, RESERVED_TOKENS, START_ID, UNK_ID
-from transformer.tokenizer import (TokenizerError,
-                                   build_or_load_tokenizers, load_tokenizers, tokenizer_key)
+from transformer.data import load_corpus
+from transformer.tokenizer import TokenizerError, build_or_load_tokenizers, load_tokenizers, tokenizer_key
 
 
 def lower_strip_accents(text: str) -> str:

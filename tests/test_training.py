@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from transformer.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
-from transformer.pipeline import bucket_boundaries, make_batches, padded_lengths
 from transformer.constants import END_ID, PAD_ID, START_ID
-from transformer.rundir import CONFIG_FILE, build_model, load_trained_model
 from transformer.optimizer import compile_model
+from transformer.pipeline import bucket_boundaries, make_batches, padded_lengths
+from transformer.rundir import CONFIG_FILE, build_model, load_trained_model
 from transformer.training import train
 
 MAX_LENGTH = 20  # deliberately not a multiple of the bucket width (8)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from helpers_translation import BAD_INPUTS, tiny_translator
+
 from transformer.translator import DecodeConfig
 
 MAX_LENGTH = 24

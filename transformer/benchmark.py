@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,6 @@ from typing import Optional, Sequence
 from transformer import cli
 from transformer.compare import Run, compare, load_runs
 from transformer.errors import ProjectError
-
-
 
 XLA_ARGS = {True: ["--xla"], False: ["--no-xla"], None: ["--xla", "auto"]}
 XLA_LABELS = {True: "xla", False: "noxla", None: "xlaauto"}

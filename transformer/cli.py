@@ -13,10 +13,30 @@ import os
 import sys
 from pathlib import Path
 
-from transformer.config import (CorpusSpec, DataConfig, DecodeConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig,
-                                TrainConfig, parse_profile_steps)
-from transformer.constants import (BUDGET_CLOCKS, CHECKOUT_DIR, CHECKPOINT_CHOICES, DEVICES, HEAD_WIDTHS, LAYER_NORMS,
-                                   LR_SCHEDULES, PIPELINE_KINDS, PRECISIONS, STRATEGIES, TIE_EMBEDDINGS, XLA_MODES)
+from transformer.config import (
+    CorpusSpec,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    RunConfig,
+    TokenizerConfig,
+    TrainConfig,
+    parse_profile_steps,
+)
+from transformer.constants import (
+    BUDGET_CLOCKS,
+    CHECKOUT_DIR,
+    CHECKPOINT_CHOICES,
+    DEVICES,
+    HEAD_WIDTHS,
+    LAYER_NORMS,
+    LR_SCHEDULES,
+    PIPELINE_KINDS,
+    PRECISIONS,
+    STRATEGIES,
+    TIE_EMBEDDINGS,
+    XLA_MODES,
+)
 from transformer.errors import ArtifactError, ConfigError
 from transformer.presets import PRESETS
 from transformer.versions import check_versions
@@ -147,7 +167,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("input pipeline")
     group.add_argument("--pipeline", dest="pipeline_kind", choices=PIPELINE_KINDS)
     group.add_argument("--batch-size", type=int, help="sentences per batch (naive pipeline, or optimized with --max-tokens 0)")
-    group.add_argument("--max-tokens", type=int, help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
+    group.add_argument("--max-tokens", type=int,
+                       help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
     group.add_argument("--bucket-width", type=int,
                        help="padded lengths are multiples of this (optimized pipeline; default 8): smaller = "
                             "less padding, more distinct shapes (XLA compiles one program per shape)")

@@ -22,8 +22,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 from transformer import atomic
-from transformer.constants import (BUDGET_CLOCKS, DEVICES, HEAD_WIDTHS, LAYER_NORMS, LR_SCHEDULES, PIPELINE_KINDS,
-                                   PRECISIONS, STRATEGIES, TIE_EMBEDDINGS, one_of)
+from transformer.constants import (
+    BUDGET_CLOCKS,
+    DEVICES,
+    HEAD_WIDTHS,
+    LAYER_NORMS,
+    LR_SCHEDULES,
+    PIPELINE_KINDS,
+    PRECISIONS,
+    STRATEGIES,
+    TIE_EMBEDDINGS,
+    one_of,
+)
 
 DEFAULT_TFDS_DATASET = "ted_hrlr_translate/pt_to_en"
 

@@ -26,9 +26,8 @@ from typing import Optional
 import tensorflow as tf
 
 from transformer.config import CorpusSpec, DataConfig
-from transformer.mixing import LEARN_SEED, Mixture, MixturePart
-from transformer.config import DataConfig
 from transformer.errors import InputError
+from transformer.mixing import LEARN_SEED, Mixture, MixturePart
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import keras
 import tensorflow as tf
 
 from transformer.constants import DEVICES, PRECISION_MODES, one_of
-from transformer.precision import POLICIES
 from transformer.errors import InputError
+from transformer.precision import POLICIES
 
 log = logging.getLogger(__name__)
 

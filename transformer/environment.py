@@ -16,7 +16,6 @@ import psutil
 from transformer.precision import cpu_facts
 
 
-
 def _package_version(name: str) -> Optional[str]:
     try:
         return metadata.version(name)

@@ -17,8 +17,8 @@ import keras
 import tensorflow as tf
 
 from transformer.config import ModelConfig
-from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
 from transformer.constants import PAD_ID
+from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
 from transformer.tied import TiedLogits
 
 

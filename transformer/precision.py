@@ -19,8 +19,9 @@ to report.json as `run.precision_decision`. Explicit values always win; "auto" d
 
 The probe (`probe_bf16_speedup`, about 1 s) times alternating chains of 1024² matmuls in both
 dtypes and keeps the best time of each, which is robust to a busy machine. Its result is
-cached per machine (unless the load average exceeded the CPU count while it ran) in a JSON file keyed by CPU model + CPU flags + TensorFlow version +
-device: `$TRANSFORMER_PRECISION_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/precision.json`
+cached per machine (unless the load average exceeded the CPU count while it ran) in a JSON
+file keyed by CPU model + CPU flags + TensorFlow version + device:
+`$TRANSFORMER_PRECISION_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/precision.json`
 (default `~/.cache/...`). Delete the file to re-measure.
 
 `$TRANSFORMER_AUTO_PRECISION` (off | float16 | bfloat16) pins what "auto" resolves to on a

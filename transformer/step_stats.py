@@ -14,7 +14,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 
-
 def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
     return None if num is None or not den else num / den
 

@@ -56,12 +56,21 @@ from transformer.profiling import StepProfiler
 from transformer.progress import BudgetProgress, dynamic_display
 from transformer.replica_timing import ReplicaBatchTimer
 from transformer.reports import StepTimeReport
-from transformer.rundir import (BACKUP_DIR, CHECKPOINT_DIR, CONFIG_FILE, REPORT_FILE, SUMMARY_FILE, TENSORBOARD_DIR,
-                                TOKENIZER_DIR, RunCheckpoints, build_model)
+from transformer.rundir import (
+    BACKUP_DIR,
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    REPORT_FILE,
+    SUMMARY_FILE,
+    TENSORBOARD_DIR,
+    TOKENIZER_DIR,
+    RunCheckpoints,
+    build_model,
+)
 from transformer.runlock import RunLock, make_run_dir
 from transformer.timing import BatchTimer
-from transformer.training_data import count_batches
 from transformer.tokenizer import build_or_load_tokenizers
+from transformer.training_data import count_batches
 from transformer.translator import DecodeConfig, Translator
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 

@@ -8,8 +8,6 @@ Keep enough checkpoints while training (--keep-checkpoints, --checkpoint-every-s
 
 import argparse
 import sys
-from pathlib import Path
-
 
 from transformer import cli
 from transformer.errors import command

@@ -21,7 +21,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from transformer import cli
 from transformer.benchmark import make_cells, run_matrix
 from transformer.cli import XLA_CHOICES

@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from transformer import cli
 from transformer.config import DecodeConfig
 from transformer.constants import SHARED_CORPUS_DIR

@@ -7,8 +7,6 @@ Prints the directory (tokenizers/<key>/); an existing directory for the same inp
 
 import argparse
 import sys
-from pathlib import Path
-
 
 from transformer import cli
 from transformer.errors import command

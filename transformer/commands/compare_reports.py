@@ -11,7 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from transformer import cli, compare
 from transformer.errors import command
 

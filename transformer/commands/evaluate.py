@@ -10,11 +10,9 @@ warm pass. See transformer/evaluation.py.
 """
 
 import argparse
-import os
 import json
 import sys
 from pathlib import Path
-
 
 from transformer import cli
 from transformer.errors import command

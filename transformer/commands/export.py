@@ -9,11 +9,9 @@ Signature `serving_default`: {"sentences": tf.string [batch]} → {"translations
 """
 
 import argparse
-import os
 import json
 import sys
 from pathlib import Path
-
 
 from transformer import cli
 from transformer.errors import command

@@ -13,8 +13,6 @@ See README.md for every flag; the effective config is printed and saved as confi
 import argparse
 import json
 import sys
-from pathlib import Path
-
 
 from transformer import cli
 from transformer.errors import command

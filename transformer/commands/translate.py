@@ -12,10 +12,8 @@ per input line is printed, in order.
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
-
 
 from transformer import cli
 from transformer.errors import command
