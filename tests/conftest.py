@@ -7,6 +7,7 @@ tests that need it are skipped, with the path in the reason, when it is absent.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -20,8 +21,10 @@ os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 
 import pytest  # noqa: E402
 
-from transformer.config import DataConfig, ModelConfig, TokenizerConfig  # noqa: E402
+from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig  # noqa: E402
 from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
+from transformer.reports import StepTimeReport  # noqa: E402
+from transformer.step_stats import StepRecord  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIBLE_DIR = SHARED_CORPUS_DIR
@@ -119,3 +122,62 @@ def tiny_run(bible_tokenizers, tmp_path_factory) -> Path:
             "--no-probe-peak", "--verbose", "0", "--output", str(run)]
     assert script_main("train")(argv) == 0
     return run
+
+
+# ---------------------------------------------------------------------------- shared helpers
+
+
+def run_config(bible_tokenizers, output_dir, validation=True, **train) -> RunConfig:
+    """A tiny, fast run on the session's Bible slice, reusing the session tokenizers.
+
+    validation=False names the same training files explicitly (same data, so the same
+    tokenizer key) without a validation split, which saves compiling the evaluation step.
+    """
+    data = bible_tokenizers.data_config
+    if not validation:
+        root = data.data_dir
+        data = dataclasses.replace(data, data_dir=None, train_src=f"{root}/train.pt", train_tgt=f"{root}/train.en")
+    return RunConfig(
+        data=data,
+        tokenizer=bible_tokenizers.config,
+        model=ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.1, max_length=32),
+        pipeline=PipelineConfig(max_tokens=512),
+        train=TrainConfig(**{"epochs": 2, "steps_per_epoch": 3, "probe_peak": False, "verbose": 0,
+                             "mixed_precision": "off", "xla": False,
+                             "lr_schedule": "inverse-sqrt", "warmup_steps": 10, "output_dir": str(output_dir),
+                             **train}),
+    )
+
+
+@contextlib.contextmanager
+def tokenizers_reused(bible_tokenizers):
+    """Asserts that the block built no new tokenizer directory (the session's was reused)."""
+    root = bible_tokenizers.directory.parent
+    before = set(root.iterdir())
+    yield
+    assert set(root.iterdir()) == before
+
+
+def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: int = 6, bleus=()) -> Path:
+    run = {"label": label, "precision": "float32", "xla": False, "pipeline": "naive", "batching": "64"}
+    report = StepTimeReport(path, run=run, steps_planned=steps, environment={"device": "CPU"})
+    report.evaluations.extend({"step": i, "bleu": bleu} for i, bleu in enumerate(bleus))
+    with report.guard():
+        for step in range(steps):
+            time_s = 2.0 if step == 0 else step_s  # first step: trace/compile
+            report.add_step(
+                StepRecord(
+                    step=step,
+                    epoch=0,
+                    batches=1,
+                    time_s=time_s,
+                    data_wait_s=wait_s,
+                    examples=64,
+                    src_tokens=900,
+                    src_padded=1200,
+                    tgt_tokens=1000,
+                    tgt_padded=1300,
+                )
+            )
+        report.train_wall_s = 2.0 + (steps - 1) * step_s
+    return path

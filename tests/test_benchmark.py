@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import script_main
+from conftest import script_main, write_report
 
-from tests.test_compare import write_report
 from transformer import benchmark
 from transformer.benchmark import Cell, make_cells
 from transformer.constants import SHARED_CORPUS_DIR

@@ -9,9 +9,9 @@ import types
 import keras
 import numpy as np
 import pytest
+from conftest import run_config, tokenizers_reused
 
 from tests.test_recipes import ScriptedTranslator
-from tests.test_training import run_config, tokenizers_reused
 from transformer import cli
 from transformer.budget import TrainingClock
 from transformer.progress import BudgetProgress

@@ -1,38 +1,10 @@
 """Comparison of step-time reports: table, speed-ups, verdicts, plot, CLI errors."""
 
-from pathlib import Path
 
 import pytest
-from conftest import script_main
+from conftest import script_main, write_report
 
 from transformer.compare import compare, load_runs, speedups, verdict
-from transformer.reports import StepTimeReport
-from transformer.step_stats import StepRecord
-
-
-def write_report(path: Path, label: str, step_s: float, wait_s: float, steps: int = 6, bleus=()) -> Path:
-    run = {"label": label, "precision": "float32", "xla": False, "pipeline": "naive", "batching": "64"}
-    report = StepTimeReport(path, run=run, steps_planned=steps, environment={"device": "CPU"})
-    report.evaluations.extend({"step": i, "bleu": bleu} for i, bleu in enumerate(bleus))
-    with report.guard():
-        for step in range(steps):
-            time_s = 2.0 if step == 0 else step_s  # first step: trace/compile
-            report.add_step(
-                StepRecord(
-                    step=step,
-                    epoch=0,
-                    batches=1,
-                    time_s=time_s,
-                    data_wait_s=wait_s,
-                    examples=64,
-                    src_tokens=900,
-                    src_padded=1200,
-                    tgt_tokens=1000,
-                    tgt_padded=1300,
-                )
-            )
-        report.train_wall_s = 2.0 + (steps - 1) * step_s
-    return path
 
 
 @pytest.fixture

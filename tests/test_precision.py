@@ -203,7 +203,8 @@ def cli_parser():
 
 
 def test_training_uses_and_reports_the_decision(bible_tokenizers, tmp_path):
-    from tests.test_training import run_config, tokenizers_reused
+    from conftest import run_config, tokenizers_reused
+
     from transformer.training import train
 
     output = tmp_path / "run"

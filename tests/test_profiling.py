@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_training import run_config, tokenizers_reused
+from conftest import run_config, tokenizers_reused
 
 from transformer import cli
 from transformer.compare import compare

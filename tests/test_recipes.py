@@ -8,8 +8,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import run_config, tokenizers_reused
 
-from tests.test_training import run_config, tokenizers_reused
 from transformer import cli
 from transformer.config import ModelConfig
 from transformer.optimizer import compile_model

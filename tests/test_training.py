@@ -2,7 +2,6 @@
 `train()` end to end, resume and the refusal to overwrite a run."""
 
 import collections
-import contextlib
 import dataclasses
 import json
 import shutil
@@ -10,8 +9,9 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import run_config, tokenizers_reused
 
-from transformer.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
+from transformer.config import ModelConfig, PipelineConfig, RunConfig
 from transformer.constants import END_ID, PAD_ID, START_ID
 from transformer.optimizer import compile_model
 from transformer.pipeline import bucket_boundaries, make_batches, padded_lengths
@@ -133,28 +133,6 @@ def test_tiny_model_overfits_a_handful_of_pairs(bible_tokenizers, tiny_model_con
     assert float(accuracy) > 0.8
 
 
-def run_config(bible_tokenizers, output_dir, validation=True, **train) -> RunConfig:
-    """A tiny, fast run on the session's Bible slice, reusing the session tokenizers.
-
-    validation=False names the same training files explicitly (same data, so the same
-    tokenizer key) without a validation split, which saves compiling the evaluation step.
-    """
-    data = bible_tokenizers.data_config
-    if not validation:
-        root = data.data_dir
-        data = dataclasses.replace(data, data_dir=None, train_src=f"{root}/train.pt", train_tgt=f"{root}/train.en")
-    return RunConfig(
-        data=data,
-        tokenizer=bible_tokenizers.config,
-        model=ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.1, max_length=32),
-        pipeline=PipelineConfig(max_tokens=512),
-        train=TrainConfig(**{"epochs": 2, "steps_per_epoch": 3, "probe_peak": False, "verbose": 0,
-                             "mixed_precision": "off", "xla": False,
-                             "lr_schedule": "inverse-sqrt", "warmup_steps": 10, "output_dir": str(output_dir),
-                             **train}),
-    )
-
-
 EPOCHS, STEPS = 2, 3
 
 
@@ -166,15 +144,6 @@ def fresh_run(bible_tokenizers, tmp_path_factory):
     with tokenizers_reused(bible_tokenizers):
         result = train(config)
     return config, result, output
-
-
-@contextlib.contextmanager
-def tokenizers_reused(bible_tokenizers):
-    """Asserts that the block built no new tokenizer directory (the session's was reused)."""
-    root = bible_tokenizers.directory.parent
-    before = set(root.iterdir())
-    yield
-    assert set(root.iterdir()) == before
 
 
 def test_train_end_to_end_writes_a_complete_run(bible_tokenizers, fresh_run):
