@@ -55,8 +55,8 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from transformer.decode_tuning import best_alpha, decoder_name, interleaved_speed, quality_grid, wall_clock
     from transformer.data import load_split
+    from transformer.decode_tuning import best_alpha, decoder_name, interleaved_speed, quality_grid, wall_clock
     from transformer.evaluation import save_report, score
     from transformer.export import export_translator, load_exported
     from transformer.rundir import translator_from_run
