@@ -8,6 +8,7 @@ import tensorflow as tf
 from test_model import build, cached_logits, different_ids, future_leak, random_ids
 
 from transformer.constants import PAD_ID
+from transformer.dropout import FastDropout, fast_dropout
 from transformer.losses import MaskedSparseCrossEntropy
 
 
@@ -18,6 +19,31 @@ def bfloat16_policy():
         yield
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_fast_dropout_drops_at_the_rate_and_rescales(dtype, rate):
+    x = tf.ones([64, 8, 31, 33], dtype)  # odd size: the last uint32 is split across the end
+    generator = keras.random.SeedGenerator(3)
+    first = fast_dropout(x, rate, generator).numpy().astype(np.float32)
+    assert first.shape == tuple(x.shape) and fast_dropout(x, rate, generator).dtype == dtype
+    dropped = (first == 0).mean()
+    assert abs(dropped - rate) < 0.005, dropped  # 540k elements: σ ≈ 0.0007
+    np.testing.assert_allclose(first[first != 0], 1 / (1 - rate), rtol=1e-2)  # bf16 rounding
+    second = fast_dropout(x, rate, generator).numpy()
+    assert ((first == 0) != (second == 0)).mean() > 0.05  # a new mask per call
+    again = fast_dropout(x, rate, keras.random.SeedGenerator(3)).numpy().astype(np.float32)
+    np.testing.assert_array_equal(again, first)  # seeded: reproducible
+
+
+def test_fast_dropout_layer_is_identity_at_inference_and_keeps_keras_config():
+    layer = FastDropout(0.3, seed=1)
+    x = tf.random.normal([4, 5])
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+    assert 0 < float(tf.reduce_mean(tf.cast(layer(tf.ones([100, 100]), training=True) == 0, tf.float32))) < 0.4
+    assert isinstance(layer, keras.layers.Dropout)
+    assert FastDropout.from_config(layer.get_config()).rate == 0.3
 
 
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])

@@ -32,6 +32,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from transformer.dropout import FastDropout, fast_dropout
+
 NEG_INF = -1e9
 
 
@@ -186,7 +188,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 mask = mask[tf.newaxis]
             logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
         scores = tf.nn.softmax(logits, axis=-1)
-        dropped = self._dropout_layer(scores, training=training)
+        dropped = fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator) if training else scores
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 
@@ -218,8 +220,8 @@ class FeedForward(keras.layers.Layer):
         self.activation_dropout = activation_dropout
         self.inner = keras.layers.Dense(dff, activation="relu", dtype=self.dtype_policy, name="inner")
         self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
-        self.dropout = keras.layers.Dropout(dropout_rate, dtype=self.dtype_policy)
-        self.inner_dropout = (keras.layers.Dropout(activation_dropout, dtype=self.dtype_policy)
+        self.dropout = FastDropout(dropout_rate, dtype=self.dtype_policy)
+        self.inner_dropout = (FastDropout(activation_dropout, dtype=self.dtype_policy)
                               if activation_dropout else None)
 
     def build(self, input_shape):

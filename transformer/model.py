@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from transformer.config import ModelConfig
 from transformer.constants import PAD_ID
+from transformer.dropout import FastDropout
 from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
 from transformer.tied import TiedLogits
 
@@ -71,8 +72,8 @@ class Transformer(keras.Model):
         shared = self.tgt_embedding.embedding if tie_embeddings == "all" else None
         self.src_embedding = PositionalEmbedding(src_vocab_size, d_model, max_length, embedding=shared, dtype=policy,
                                                  name="src_embedding")
-        self.src_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="src_dropout")
-        self.tgt_dropout = keras.layers.Dropout(dropout_rate, dtype=policy, name="tgt_dropout")
+        self.src_dropout = FastDropout(dropout_rate, dtype=policy, name="src_dropout")
+        self.tgt_dropout = FastDropout(dropout_rate, dtype=policy, name="tgt_dropout")
         # One attribute per block, not a list: on the TensorFlow backend Keras 3 wraps list
         # attributes in a TrackedList that tf.train.Checkpoint does not follow, so blocks held
         # in a list would be silently missing from `tf.train.Checkpoint(model=...)`.
