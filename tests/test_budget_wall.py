@@ -10,8 +10,8 @@ import keras
 import numpy as np
 import pytest
 from conftest import run_config, tokenizers_reused
+from helpers_translation import ScriptedTranslator
 
-from tests.test_recipes import ScriptedTranslator
 from transformer import cli
 from transformer.budget import TrainingClock
 from transformer.progress import BudgetProgress

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_model import build, cached_logits, different_ids, future_leak, random_ids
+from helpers_model import build, cached_logits, different_ids, future_leak, random_ids
 
 from transformer.constants import PAD_ID
 from transformer.dropout import FastDropout, fast_dropout

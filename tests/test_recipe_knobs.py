@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_model import TGT_LEN, build, cached_logits, future_leak, random_ids
+from helpers_model import TGT_LEN, build, cached_logits, future_leak, random_ids
 
 from transformer import cli
 from transformer.config import ModelConfig, RunConfig, TokenizerConfig

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import run_config, tokenizers_reused
+from helpers_translation import ScriptedTranslator
 
 from transformer import cli
 from transformer.config import ModelConfig
@@ -135,17 +136,6 @@ def test_validation_bleu_keeps_the_best_checkpoint_and_logs_tokens_seen(bible_to
     sources, references = fixed_sample(*zip(*[(s.decode(), t.decode()) for s, t in
                                                bible_tokenizers.corpus.validation.as_numpy_iterator()]), 12)
     assert score(Translator(tokenizers, model).translate(sources), references)["bleu"] == best["bleu"]
-
-
-class ScriptedTranslator:
-    """Returns the reference itself or rubbish, following a script of good/bad evaluations."""
-
-    def __init__(self, references, script):
-        self.references, self.script = references, list(script)
-
-    def translate(self, sources):
-        good = self.script.pop(0)
-        return list(self.references) if good else ["zzz"] * len(sources)
 
 
 def test_early_stopping_after_patience_evaluations_without_a_new_best(tmp_path):
