@@ -188,7 +188,9 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 mask = mask[tf.newaxis]
             logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
         scores = tf.nn.softmax(logits, axis=-1)
-        dropped = fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator) if training else scores
+        # Keras' Dropout creates its seed generator only for a rate > 0.
+        use_dropout = training and self._dropout > 0
+        dropped = fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator) if use_dropout else scores
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 
