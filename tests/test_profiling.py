@@ -2,6 +2,7 @@
 
 import json
 
+import keras
 import pytest
 from conftest import run_config, tokenizers_reused
 
@@ -53,6 +54,7 @@ def test_profiled_run_breaks_device_time_down_by_category(bible_tokenizers, tmp_
                         mixed_precision="bfloat16", profile_steps="2:3", bleu_sentences=0)
     with tokenizers_reused(bible_tokenizers):
         train(config)
+    assert keras.mixed_precision.global_policy().name == "float32"  # train() restores the caller's policy
     report = json.loads((output / "report.json").read_text())
     profile = report["profile"]
     assert profile["steps"] == [2, 3] and profile["steps_profiled"] == 2

@@ -177,13 +177,16 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     """Runs one training job end to end; see the module docstring for what it writes.
 
     The step-time report is written when training ends, and also when it dies (exception,
-    out of memory, Ctrl-C): `StepTimeReport.guard` records the state and re-raises.
+    out of memory, Ctrl-C): `StepTimeReport.guard` records the state and re-raises. The
+    Keras global dtype policy that training sets is restored on return (the returned model
+    keeps its own layers' policies), so a caller's later models are not built in bfloat16.
     """
     config.validate()
     run_dir = Path(config.train.output_dir)
     strategy_name = distribute.resolve_strategy_name(config.train.strategy)
     role = distribute.task_role(strategy_name)
     with contextlib.ExitStack() as stack:
+        stack.callback(keras.mixed_precision.set_global_policy, keras.mixed_precision.global_policy())
         if role.is_chief:  # one writer per run directory (other workers write to temporary directories)
             stack.enter_context(RunLock(make_run_dir(run_dir)))
         interrupts = stack.enter_context(InterruptHandler())
