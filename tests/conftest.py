@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 
 import pytest  # noqa: E402
+from helpers_model import TINY_MODEL  # noqa: E402
 
 from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig  # noqa: E402
 from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
@@ -73,8 +74,6 @@ def bible_tokenizers(bible_data_config, tmp_path_factory) -> BuiltTokenizers:
     return BuiltTokenizers(tokenizers, directory, config, corpus, bible_data_config)
 
 
-TINY_MODEL = ModelConfig(num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, head_width="tutorial",
-                         max_length=16, src_vocab_size=40, tgt_vocab_size=48)
 
 
 @pytest.fixture

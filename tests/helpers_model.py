@@ -5,8 +5,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from transformer.config import ModelConfig
 from transformer.constants import PAD_ID
 from transformer.model import Transformer
+
+# The tiny model every model/decoding test starts from (overrides via dataclasses.replace).
+TINY_MODEL = ModelConfig(num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, head_width="tutorial",
+                         max_length=16, src_vocab_size=40, tgt_vocab_size=48)
 
 BATCH, SRC_LEN, TGT_LEN = 3, 7, 6
 

@@ -7,16 +7,17 @@ The corpus is read in place from `../shared/data/bible-pt-en`; tests needing it 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import pytest  # noqa: E402
+from helpers_model import TINY_MODEL, build  # noqa: E402
 
-from transformer.config import DataConfig, ModelConfig, TokenizerConfig  # noqa: E402
+from transformer.config import DataConfig, TokenizerConfig  # noqa: E402
 from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
 
 BIBLE_DIR = SHARED_CORPUS_DIR
@@ -26,16 +27,12 @@ TOKENIZER_VOCAB = 600
 
 def tiny_model(src_vocab_size: int = 40, tgt_vocab_size: int = 48, max_length: int = 24, seed: int = 0,
                num_layers: int = 2, d_model: int = 16, head_width: str = "tutorial"):
-    """A built, randomly initialised Transformer (2 layers, d_model 16, 2 heads, no dropout).
+    """`helpers_model.TINY_MODEL` built with these overrides (2 heads, dff 32, no dropout).
 
     head_width "tutorial" decodes with the input cache, "paper" with the key/value cache."""
-    from transformer.rundir import build_model
-
-    keras.utils.set_random_seed(seed)
-    config = ModelConfig(num_layers=num_layers, d_model=d_model, num_heads=2, dff=32, dropout_rate=0.0,
-                         head_width=head_width, max_length=max_length, src_vocab_size=src_vocab_size,
-                         tgt_vocab_size=tgt_vocab_size)
-    return build_model(config)
+    config = dataclasses.replace(TINY_MODEL, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+                                 max_length=max_length, num_layers=num_layers, d_model=d_model, head_width=head_width)
+    return build(config, seed)
 
 
 @functools.lru_cache(maxsize=None)
