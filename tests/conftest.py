@@ -21,6 +21,7 @@ os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 
 import pytest  # noqa: E402
 from helpers_model import TINY_MODEL  # noqa: E402
+from helpers_translation import TOKENIZER_PAIRS, TOKENIZER_VOCAB, VAL_PAIRS, bible_slice_config, shared_tokenizers  # noqa: E402, F401
 
 from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig  # noqa: E402
 from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
@@ -30,12 +31,6 @@ from transformer.step_stats import StepRecord  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIBLE_DIR = SHARED_CORPUS_DIR
 
-# The session tokenizers learn from the first TOKENIZER_PAIRS training pairs. Training tests
-# use the same slice and tokenizer root, so `train()` reuses these tokenizers (same key)
-# instead of spending ~30 s learning new ones.
-TOKENIZER_PAIRS = 1500
-TOKENIZER_VOCAB = 1000
-VAL_PAIRS = 50
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +44,7 @@ def bible_dir() -> Path:
 @pytest.fixture(scope="session")
 def bible_data_config(bible_dir) -> DataConfig:
     """The slice of the Bible corpus the session tokenizers were learned from."""
-    return DataConfig(data_dir=str(bible_dir), max_train_examples=TOKENIZER_PAIRS, max_val_examples=VAL_PAIRS)
+    return bible_slice_config()
 
 
 @dataclass
@@ -62,16 +57,11 @@ class BuiltTokenizers:
 
 
 @pytest.fixture(scope="session")
-def bible_tokenizers(bible_data_config, tmp_path_factory) -> BuiltTokenizers:
-    """WordPiece tokenizers (vocab ~1000) learned once from the first 1500 Bible pairs."""
-    from transformer.data import load_corpus
-    from transformer.tokenizer import build_or_load_tokenizers
-
-    root = tmp_path_factory.mktemp("tokenizers")
-    config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=str(root), lower_case=True)  # tests check the normalisation
-    corpus = load_corpus(bible_data_config)
-    tokenizers, directory = build_or_load_tokenizers(corpus, config)
-    return BuiltTokenizers(tokenizers, directory, config, corpus, bible_data_config)
+def bible_tokenizers(bible_data_config) -> BuiltTokenizers:
+    """WordPiece tokenizers (vocab ~1000, lower-cased) learned once per test process from the
+    first 1500 Bible pairs (`helpers_translation.shared_tokenizers`, which tiny translators share)."""
+    tokenizers, directory, config, corpus = shared_tokenizers()
+    return BuiltTokenizers(tokenizers, Path(directory), config, corpus, bible_data_config)
 
 
 

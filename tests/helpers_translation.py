@@ -2,7 +2,7 @@
 real WordPiece tokenizers learned once per test process from the first Bible pairs.
 
 The corpus is read in place from `../shared/data/bible-pt-en`; tests needing it call
-`small_tokenizers()`, which skips when it is absent.
+`shared_tokenizers()`, which skips when it is absent.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from transformer.config import DataConfig, TokenizerConfig  # noqa: E402
 from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
 
 BIBLE_DIR = SHARED_CORPUS_DIR
-TOKENIZER_PAIRS = 1000
-TOKENIZER_VOCAB = 600
 
 
 def tiny_model(src_vocab_size: int = 40, tgt_vocab_size: int = 48, max_length: int = 24, seed: int = 0,
@@ -35,30 +33,44 @@ def tiny_model(src_vocab_size: int = 40, tgt_vocab_size: int = 48, max_length: i
     return build(config, seed)
 
 
+# The test process's one tokenizer build: the first TOKENIZER_PAIRS training pairs, vocab
+# ~TOKENIZER_VOCAB, lower-cased (tests check the normalisation). conftest's session fixture
+# `bible_tokenizers` and `tiny_translator` both use it; training tests pass the same slice and
+# root, so `train()` reuses these tokenizers (same key) instead of spending ~30 s learning new ones.
+TOKENIZER_PAIRS = 1500
+TOKENIZER_VOCAB = 1000
+VAL_PAIRS = 50
+
+
+def bible_slice_config() -> DataConfig:
+    """The slice of the Bible corpus the test tokenizers are learned from."""
+    return DataConfig(data_dir=str(BIBLE_DIR), max_train_examples=TOKENIZER_PAIRS, max_val_examples=VAL_PAIRS)
+
+
 @functools.lru_cache(maxsize=None)
-def _build_small_tokenizers():
+def _build_test_tokenizers():
     from transformer.data import load_corpus
     from transformer.tokenizer import build_or_load_tokenizers
 
-    root = tempfile.mkdtemp(prefix="translation-tests-tokenizers-")
-    corpus = load_corpus(DataConfig(data_dir=str(BIBLE_DIR), max_train_examples=TOKENIZER_PAIRS,
-                                    max_val_examples=10))
-    tokenizers, directory = build_or_load_tokenizers(corpus, TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=root))
-    return tokenizers, directory
+    root = tempfile.mkdtemp(prefix="test-tokenizers-")
+    config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=root, lower_case=True)
+    corpus = load_corpus(bible_slice_config())
+    tokenizers, directory = build_or_load_tokenizers(corpus, config)
+    return tokenizers, directory, config, corpus
 
 
-def small_tokenizers():
-    """(tokenizers, directory): real WordPiece tokenizers from the first 1000 Bible pairs (cached)."""
-    if not (BIBLE_DIR / "train.pt").is_file():
-        pytest.skip(f"shared Bible corpus not found at {BIBLE_DIR}")
-    return _build_small_tokenizers()
+def shared_tokenizers():
+    """(tokenizers, directory, TokenizerConfig, corpus), built once per test process; skips without the corpus."""
+    if not (BIBLE_DIR / "train.pt").is_file() or not (BIBLE_DIR / "train.en").is_file():
+        pytest.skip(f"shared Bible corpus not found at {BIBLE_DIR} (needs train.pt / train.en)")
+    return _build_test_tokenizers()
 
 
 def tiny_translator(config=None, seed: int = 0, max_length: int = 24):
-    """A Translator over `small_tokenizers()` and a tiny random model."""
+    """A Translator over `shared_tokenizers()` and a tiny random model."""
     from transformer.translator import DecodeConfig, Translator
 
-    tokenizers, _ = small_tokenizers()
+    tokenizers = shared_tokenizers()[0]
     model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),
                        max_length=max_length, seed=seed)
     return Translator(tokenizers, model, config or DecodeConfig())
