@@ -176,3 +176,19 @@ def test_manifest_records_the_build(bible_tokenizers):
         assert vocab[: len(RESERVED_TOKENS)] == list(RESERVED_TOKENS)
         assert len(vocab) == manifest[f"{lang}_vocab_size"]
         assert int(getattr(bible_tokenizers.tokenizers, lang).get_vocab_size()) == len(vocab)
+
+
+@pytest.mark.parametrize("side,vocab_size", [("pt", 400), ("en", 250)])
+def test_fast_wordpiece_learner_equals_tensorflow_texts(bible_dir, side, vocab_size):
+    """transformer.wordpiece.learn gives exactly the library's vocabulary (same tokens, same order)."""
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as library
+
+    from transformer import wordpiece
+
+    lines = (bible_dir / f"train.{side}").read_text(encoding="utf-8").splitlines()[:600]
+    counts = collections.Counter(word for line in lines for word in re.findall(r"\w+|[^\w\s]", line))
+    counts.update({"##": 40, "a##b": 30, "#x#": 25, "ab##c": 12})  # words that look like joined pieces
+    reserved = list(RESERVED_TOKENS)
+    assert wordpiece.learn(counts, vocab_size, reserved) == library.learn(counts, vocab_size, reserved)
+    assert wordpiece.learn(counts, 50, reserved, num_iterations=2) == library.learn(counts, 50, reserved,
+                                                                                   num_iterations=2)

@@ -27,7 +27,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text  # noqa: F401  (registers the ops the SavedModel needs)
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
-from transformer import atomic
+from transformer import atomic, wordpiece
 from transformer.artifacts import load_saved_model
 from transformer.config import TokenizerConfig
 from transformer.constants import END_ID, RESERVED_TOKENS, START_ID
@@ -144,16 +144,16 @@ def tokenizer_key(corpus: ParallelCorpus, config: TokenizerConfig) -> str:
 
 
 def learn_vocab(sentences: tf.data.Dataset, config: TokenizerConfig) -> list[str]:
-    """Learns a WordPiece vocabulary from a dataset of scalar tf.string sentences."""
+    """Learns a WordPiece vocabulary from a dataset of scalar tf.string sentences.
+
+    tensorflow-text's `bert_vocab_from_dataset` step by step (its BasicTokenizer word split
+    and `count_words`), with the learner of `transformer.wordpiece`: the same vocabulary, faster.
+    """
     if config.learn_max_examples:
         sentences = sentences.take(config.learn_max_examples)
-    return bert_vocab.bert_vocab_from_dataset(
-        sentences.batch(1000).prefetch(2),
-        vocab_size=config.vocab_size,
-        reserved_tokens=list(RESERVED_TOKENS),
-        bert_tokenizer_params=_bert_params(config.lower_case),
-        learn_params={},
-    )
+    words = bert_vocab.bert_tokenizer.BasicTokenizer(**_bert_params(config.lower_case))
+    counts = bert_vocab.learner.count_words(sentences.batch(1000).prefetch(2).map(words.tokenize))
+    return wordpiece.learn(counts, config.vocab_size, list(RESERVED_TOKENS))
 
 
 def build_or_load_tokenizers(corpus: ParallelCorpus, config: TokenizerConfig) -> tuple[PairTokenizers, Path]:
