@@ -153,3 +153,32 @@ def test_run_dict_accepts_non_json_values(tmp_path):
     report = StepTimeReport(tmp_path / "r.json", run={"out": tmp_path, "xla": True}, environment=ENV)
     report.write()
     assert json.loads((tmp_path / "r.json").read_text())["run"] == {"out": str(tmp_path), "xla": True}
+
+
+def full_csv(report: StepTimeReport) -> str:
+    """The CSV rendered from scratch (what the incremental rendering must equal)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=STEP_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for i, row in enumerate(report.records):
+        writer.writerow(row.row(warmup=i < report.warmup_steps, peak_flops=report.peak_flops))
+    return out.getvalue()
+
+
+def test_incremental_csv_and_step_count_equal_a_full_rendering():
+    """Rows already written are not rendered again, but every change that alters them is seen."""
+    report = report_with_steps(None, times=(5.0, 0.1))
+    assert report.steps_csv_text() == full_csv(report) and report.steps_done == 2
+    report.add_step(record(2, 0.3))
+    before = report.steps_csv_text()
+    assert before == full_csv(report) and report.steps_done == 3
+    report.peak_flops = 1e12  # utilisation of every row changes
+    report.warmup_steps = 2  # the second row becomes warm-up
+    assert report.steps_csv_text() == full_csv(report) != before
+    report.records = [record(0, 1.0)]  # replaced (as `continue_from_disk` does)
+    assert report.steps_csv_text() == full_csv(report) and report.steps_done == 1
+    report.records.append(StepRecord(step=1, epoch=0, batches=4, time_s=0.5))
+    assert report.steps_csv_text() == full_csv(report) and report.steps_done == 5

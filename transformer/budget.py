@@ -56,6 +56,8 @@ class TrainingClock(keras.callbacks.Callback):
         self.stopped_by_budget = False
         self.end_costs: dict[str, float] = {}  # longest evaluation / checkpoint save seen (wall reserve)
         self._step_start: Optional[float] = None
+        self._progress: Optional[float] = None  # during fit: the last value assigned to `progress`
+        self._live: Optional[float] = None  # during fit: `elapsed_s` as a Python float (no read per step)
         self._mark = time.perf_counter() if started is None else started  # wall: counted up to here
 
     def expect_at_end(self, name: str, seconds: float) -> None:
@@ -73,12 +75,19 @@ class TrainingClock(keras.callbacks.Callback):
     def _tick(self) -> None:
         """Wall clock: adds the time since the last tick (start-up, steps, evaluations, saves)."""
         now = time.perf_counter()
-        self.elapsed_s.assign_add(now - self._mark)
+        self._add(now - self._mark)
         self._mark = now
+
+    def _add(self, seconds: float) -> None:
+        if self._live is None:
+            self.elapsed_s.assign_add(seconds)
+        else:  # during fit the clock is the only writer: count in Python, assign the variable
+            self._live += seconds
+            self.elapsed_s.assign(self._live)
 
     @property
     def seconds(self) -> float:
-        return float(self.elapsed_s.numpy())
+        return self._live if self._live is not None else float(self.elapsed_s.numpy())
 
     def current_s(self) -> float:
         """`seconds` up to this moment (wall clock: including the time since the last step)."""
@@ -88,10 +97,17 @@ class TrainingClock(keras.callbacks.Callback):
         """Seconds of the budget left for training (wall clock: minus the end reserve)."""
         return None if self.budget_s is None else max(0.0, self.budget_s - self.reserve_s() - self.seconds)
 
+    def fraction_done(self) -> float:
+        """`progress` as a Python float (during fit without reading the variable)."""
+        live = self._progress if self._live is not None else None
+        return live if live is not None else float(self.progress.numpy())
+
     def budget_spent(self) -> bool:
         return self.budget_s is not None and self.remaining_s() <= 0.0
 
     def on_train_begin(self, logs=None):
+        self._live = float(self.elapsed_s.numpy())  # as restored from a checkpoint or backup
+        self._progress = None
         if self.wall:
             self._tick()  # start-up (or, resumed, this process's start-up) counts
         self._update_progress()
@@ -105,7 +121,7 @@ class TrainingClock(keras.callbacks.Callback):
         if self.wall:
             self._tick()
         else:
-            self.elapsed_s.assign_add(time.perf_counter() - self._step_start)
+            self._add(time.perf_counter() - self._step_start)
         self._step_start = None
         self._update_progress()
         if self.budget_spent() and not self.stopped_by_budget:
@@ -115,6 +131,9 @@ class TrainingClock(keras.callbacks.Callback):
                      self._iterations())
             self.stopped_by_budget = True
             self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self._live = None  # the variable is the truth again (restores, resumes)
 
     def _iterations(self) -> int:
         optimizer = getattr(self.model, "optimizer", None)
@@ -127,4 +146,5 @@ class TrainingClock(keras.callbacks.Callback):
             done = self._iterations() / self.total_steps
         else:
             return
-        self.progress.assign(min(1.0, done))
+        self._progress = min(1.0, done)
+        self.progress.assign(self._progress)

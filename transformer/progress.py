@@ -107,7 +107,7 @@ class BudgetProgress(keras.callbacks.Callback):
         if self.evaluator is not None:
             evaluations_left = 1  # the final one
             fractions = self.evaluator.fractions or []
-            evaluations_left += sum(1 for f in fractions if f > float(clock.progress.numpy()))
+            evaluations_left += sum(1 for f in fractions if f > clock.fraction_done())
         return left + evaluations_left * evaluation + sum(end_costs.values())
 
     def _step(self) -> int:

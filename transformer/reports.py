@@ -132,6 +132,11 @@ class StepTimeReport:
         self.created_at = _now()
         self.finished_at: Optional[str] = None
         self.guarded = False  # inside `guard()`: the guard, not `BatchTimer`, sets the end state
+        # Per-step costs independent of the run's length: rows are frozen and only appended, so
+        # the step count and the CSV lines of rows already seen are kept (reset if `records`
+        # is replaced or shrinks, or the warm-up / peak FLOP/s that a CSV line depends on change).
+        self._counted: tuple[int, list, int] = (0, [], 0)  # (rows counted, records list, their batches)
+        self._csv_lines: tuple[tuple, list[str]] = ((None, None), [])  # ((records list, (warmup, peak)), rows)
 
     @property
     def steps_csv(self) -> Optional[Path]:
@@ -139,7 +144,12 @@ class StepTimeReport:
 
     @property
     def steps_done(self) -> int:
-        return sum(r.batches for r in self.records)
+        rows, counted_list, batches = self._counted
+        if counted_list is not self.records or rows > len(self.records):
+            rows, batches = 0, 0
+        batches += sum(r.batches for r in self.records[rows:])
+        self._counted = (len(self.records), self.records, batches)
+        return batches
 
     def continue_from_disk(self) -> int:
         """Loads the rows and evaluations of an earlier report at `path` (a resumed run).
@@ -208,9 +218,19 @@ class StepTimeReport:
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=STEP_COLUMNS, lineterminator="\n")
         writer.writeheader()
-        for i, record in enumerate(self.records):
-            writer.writerow(record.row(warmup=i < self.warmup_steps, peak_flops=self.peak_flops))
-        return out.getvalue()
+        (rendered, settings), lines = self._csv_lines
+        key = (self.records, (self.warmup_steps, self.peak_flops))
+        if rendered is not self.records or settings != key[1] or len(lines) > len(self.records):
+            lines = []
+        line = io.StringIO()
+        row_writer = csv.DictWriter(line, fieldnames=STEP_COLUMNS, lineterminator="\n")
+        for i in range(len(lines), len(self.records)):  # only rows not rendered before
+            line.seek(0)
+            line.truncate()
+            row_writer.writerow(self.records[i].row(warmup=i < self.warmup_steps, peak_flops=self.peak_flops))
+            lines.append(line.getvalue())
+        self._csv_lines = (key, lines)
+        return out.getvalue() + "".join(lines)
 
     def write(self) -> Optional[Path]:
         """Writes the CSV, then the JSON (both atomically); returns the JSON path."""

@@ -48,6 +48,7 @@ from transformer.devices import select_device, set_precision
 from transformer.errors import OutputExistsError
 from transformer.faults import DivergenceGuard, InterruptHandler
 from transformer.flops import TransformerDims
+from transformer.gc_freeze import FreezeLongLived
 from transformer.model import Transformer
 from transformer.optimizer import compile_model, make_schedule
 from transformer.pipeline import make_batches
@@ -68,9 +69,10 @@ from transformer.rundir import (
     build_model,
 )
 from transformer.runlock import RunLock, make_run_dir
+from transformer.summaries import StepTensorBoard
 from transformer.timing import BatchTimer
 from transformer.tokenizer import build_or_load_tokenizers
-from transformer.training_data import count_batches
+from transformer.training_data import count_batches, tokenized_training_pairs
 from transformer.translator import DecodeConfig, Translator
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 
@@ -253,8 +255,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
     total_steps = config.train.planned_steps
+    tokenized = None  # the training split tokenized once, for counting and for training
     if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
-        total_steps = config.train.planned_epochs * count_batches(corpus, tokenizers, config, replicas)
+        tokenized = tokenized_training_pairs(corpus, tokenizers, config) if strategy_name != "tpu" else None
+        total_steps = config.train.planned_epochs * count_batches(corpus, tokenizers, config, replicas, tokenized)
         log.info("cosine schedule over %d planned steps (%d epochs)", total_steps, config.train.planned_epochs)
     clock = TrainingClock(budget_s, total_steps, wall=config.train.budget_clock == "wall", started=started)
     with strategy.scope():
@@ -292,7 +296,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         *([profiler] if profiler else []),  # after the timer, which syncs the step
         clock,  # after the timer, which syncs the step
         saver,
-        keras.callbacks.TensorBoard(log_dir=str(write_dir / TENSORBOARD_DIR), update_freq=50),
+        StepTensorBoard(log_dir=str(write_dir / TENSORBOARD_DIR), update_freq=50),
         *([bleu] if bleu else []),
         *extra_callbacks,
         *([interrupts] if interrupts is not None else []),
@@ -300,6 +304,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if budget_s is not None and config.train.verbose:  # instead of Keras' bar (`Epoch 2/1000000`, `N/Unknown`)
         in_place = config.train.verbose == 1 and dynamic_display()
         callbacks.append(BudgetProgress(clock, report, bleu, in_place=in_place))
+    callbacks.append(FreezeLongLived(report))  # last: after the evaluation and the step's tracing
 
     nothing_to_train = clock.budget_spent()  # resumed with its budget used up (fit would take one step)
     if nothing_to_train:
@@ -316,7 +321,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
                 report.write()
 
             job = FitJob(model, checkpoints, callbacks, corpus, tokenizers, strategy_name, replicas, report,
-                         initial_state, validate=not _evaluates_loss(callbacks), on_retry=on_retry)
+                         initial_state, validate=not _evaluates_loss(callbacks), on_retry=on_retry,
+                         tokenized=tokenized)
             history, config = fit_with_auto_batch(job, config, initial_epoch)
     finally:  # also when the resumed run dies: the report says where it started
         if backup is not None and backup.restored is not None:

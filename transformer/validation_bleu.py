@@ -106,7 +106,7 @@ class ValidationBleu(keras.callbacks.Callback):
         if self.every_steps and self._step() % self.every_steps == 0:
             self.evaluate()
         elif self.fractions is not None and self._next_fraction < len(self.fractions):
-            progress = float(self.clock.progress.numpy())
+            progress = self.clock.fraction_done()
             if progress >= self.fractions[self._next_fraction] and not self.model.stop_training:
                 self._next_fraction = sum(1 for f in self.fractions if f <= progress)
                 self.evaluate()
