@@ -230,3 +230,24 @@ def test_checkpoint_restore_gives_back_the_weights(bible_tokenizers, tmp_path):
     assert int(checkpoints.epoch.numpy()) == 4 and int(other_optimizer.iterations.numpy()) == 17
     for a, b in zip(model.weights, other.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_counting_batches_shares_the_tokenized_cache_with_training(bible_tokenizers, tmp_path):
+    """count_batches (the cosine schedule's planned steps) fills the cache the training pipeline
+    reads: the same batches, in the same order, as a pipeline that tokenizes for itself."""
+    from transformer.training_data import count_batches, make_datasets, tokenized_training_pairs
+
+    config = run_config(bible_tokenizers, tmp_path / "run", steps_per_epoch=None)
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    tokenized = tokenized_training_pairs(corpus, tokenizers, config)
+    assert tokenized is not None
+    planned = count_batches(corpus, tokenizers, config, 1, tokenized)
+    shared, _ = make_datasets(corpus, tokenizers, config, "default", 1, tokenized=tokenized)
+    alone, _ = make_datasets(corpus, tokenizers, config, "default", 1)
+    shared, alone = list(shared.as_numpy_iterator()), list(alone.as_numpy_iterator())
+    assert len(shared) == len(alone) == planned
+    for (a_in, a_out), (b_in, b_out) in zip(shared, alone):
+        np.testing.assert_array_equal(a_in[0], b_in[0])
+        np.testing.assert_array_equal(a_out, b_out)
+    naive = dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline, kind="naive"))
+    assert tokenized_training_pairs(corpus, tokenizers, naive) is None  # tokenizes per batch

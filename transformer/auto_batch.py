@@ -36,6 +36,8 @@ class FitJob:
         the first checkpoint); None without --auto-batch.
     validate: run fit's per-epoch validation pass (False when a callback measures the loss).
     on_retry: called with the smaller config after each retry (saves it, updates the report).
+    tokenized: `training_data.tokenized_training_pairs(...)` already built (and its cache
+        filled by `count_batches`), or None: the training pipeline tokenizes for itself.
     """
 
     model: object
@@ -49,6 +51,7 @@ class FitJob:
     initial_state: Optional[list]
     validate: bool
     on_retry: Callable[[RunConfig], None]
+    tokenized: Optional[tf.data.Dataset] = None
 
 
 def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> tuple[dict, RunConfig]:
@@ -59,7 +62,7 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
     optimizer = job.model.optimizer
     while True:
         train_batches, val_batches = make_datasets(job.corpus, job.tokenizers, config, job.strategy_name,
-                                                   job.replicas)
+                                                   job.replicas, tokenized=job.tokenized)
         try:
             history = job.model.fit(
                 train_batches,

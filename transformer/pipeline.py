@@ -34,20 +34,23 @@ AUTOTUNE = tf.data.AUTOTUNE
 
 
 def make_batches(pairs: tf.data.Dataset | Mixture, tokenizers, config: PipelineConfig, max_length: int,
-                 training: bool, seed: Optional[int] = None, replicas: int = 1) -> tf.data.Dataset:
+                 training: bool, seed: Optional[int] = None, replicas: int = 1,
+                 tokenized: Optional[tf.data.Dataset] = None) -> tf.data.Dataset:
     """Dispatches on `config.kind`; see the module docstring.
 
     `pairs`: (src, tgt) string pairs, or a `mixing.Mixture` of weighted corpora (each epoch a
     fresh draw; the optimized pipeline tokenizes and caches each part once, then mixes).
     `replicas`: batch sizes in `config` are per replica; every batch holds `replicas` times
     as many sentences (a global batch that tf.distribute splits into equal parts).
+    `tokenized`: `tokenize_pairs(pairs, …)` built before (optimized pipeline: its cache is shared).
     """
     if config.kind == "naive":
         if isinstance(pairs, Mixture):
             pairs = pairs.epoch(seed, shuffle_buffer=config.shuffle_buffer)
         return naive_pipeline(pairs, tokenizers, config.batch_size * replicas, max_length, training,
                               config.shuffle_buffer, seed)
-    return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, replicas=replicas)
+    return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, tokenized=tokenized,
+                              replicas=replicas)
 
 
 def _split_target(src, tgt):
