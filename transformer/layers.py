@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from transformer.dropout import FastDropout, fast_dropout
+from transformer.layer_norm import LayerNorm
 
 NEG_INF = -1e9
 
@@ -266,7 +267,7 @@ class _Block(keras.layers.Layer):
         self._attention_rate = dropout_rate if attention_dropout is None else attention_dropout
 
     def _norm(self, name):
-        return keras.layers.LayerNormalization(dtype=self.dtype_policy, name=name)
+        return LayerNorm(dtype=self.dtype_policy, name=name)
 
     def _sublayer_input(self, norm, x):
         """What a sublayer reads: LN(x) with pre-norm, x with post-norm."""

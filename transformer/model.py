@@ -19,6 +19,7 @@ import tensorflow as tf
 from transformer.config import ModelConfig
 from transformer.constants import PAD_ID
 from transformer.dropout import FastDropout
+from transformer.layer_norm import LayerNorm
 from transformer.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
 from transformer.tied import TiedLogits
 
@@ -34,7 +35,7 @@ class Transformer(keras.Model):
         the vocabulary sizes must be given).
 
     With layer_norm "pre", the encoder output and the decoder output each get a final
-    LayerNormalization (`encoder_norm`, `decoder_norm`). With tie_embeddings "output" or
+    LayerNorm (`encoder_norm`, `decoder_norm`; `transformer.layer_norm`). With tie_embeddings "output" or
     "all" the projection is a `transformer.tied.TiedLogits` over the target embedding.
 
     Call arguments:
@@ -82,8 +83,8 @@ class Transformer(keras.Model):
         for i in range(num_layers):
             setattr(self, f"decoder_{i}", DecoderLayer(**layer_args, name=f"decoder_{i}"))
         # Final norms of the pre-norm stacks (a pre-norm block's output is un-normalised).
-        self.encoder_norm = keras.layers.LayerNormalization(dtype=policy, name="encoder_norm") if pre_norm else None
-        self.decoder_norm = keras.layers.LayerNormalization(dtype=policy, name="decoder_norm") if pre_norm else None
+        self.encoder_norm = LayerNorm(dtype=policy, name="encoder_norm") if pre_norm else None
+        self.decoder_norm = LayerNorm(dtype=policy, name="decoder_norm") if pre_norm else None
         # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16.
         if tie_embeddings == "none":
             self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
