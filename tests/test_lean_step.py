@@ -37,6 +37,18 @@ def test_fast_dropout_drops_at_the_rate_and_rescales(dtype, rate):
     np.testing.assert_array_equal(again, first)  # seeded: reproducible
 
 
+def test_fast_dropout_gradient_is_its_mask_times_the_scale():
+    x = tf.random.normal([16, 9, 24]) + 3.0  # no zeros of its own
+    upstream = tf.random.normal(x.shape)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fast_dropout(x, 0.25, keras.random.SeedGenerator(7))
+    kept = (y.numpy() != 0).astype(np.float32)
+    assert 0.2 < 1 - kept.mean() < 0.3
+    np.testing.assert_allclose(y.numpy(), x.numpy() * kept / 0.75, rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(y, x, upstream).numpy(), upstream.numpy() * kept / 0.75, rtol=1e-6)
+
+
 def test_fast_dropout_layer_is_identity_at_inference_and_keeps_keras_config():
     layer = FastDropout(0.3, seed=1)
     x = tf.random.normal([4, 5])

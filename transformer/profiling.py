@@ -24,7 +24,7 @@ Categories (first rule that matches wins; `CATEGORIES` keeps this order):
     dropout      dropout scopes and random-number ops
     softmax      attention scores: scale, mask, softmax and their gradients (other
                  elementwise ops of an attention layer, outside its projections)
-    layer_norm   ops under a `*norm*` scope (Keras LayerNormalization and its gradient)
+    layer_norm   ops under a `*norm*` scope (the model's LayerNorm and its `layer_norm_grad`)
     embedding    embedding scopes and gather / segment-sum ops
     other        everything else (bias, residual adds, activations, transposes, reshapes...)
 """
