@@ -251,3 +251,35 @@ def test_counting_batches_shares_the_tokenized_cache_with_training(bible_tokeniz
         np.testing.assert_array_equal(a_out, b_out)
     naive = dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline, kind="naive"))
     assert tokenized_training_pairs(corpus, tokenizers, naive) is None  # tokenizes per batch
+
+
+def test_fit_reads_one_training_iterator_for_the_whole_run(bible_tokenizers, tmp_path, monkeypatch):
+    """Without --steps-per-epoch an epoch is one counted pass of a repeated dataset: Keras opens
+    one training iterator for the run (given a dataset of unknown length it opens a new one
+    every epoch and one more at each epoch's end), never runs out of data, and the report
+    plans exactly the steps it then does."""
+    import warnings
+
+    import tensorflow as tf
+
+    from transformer.training_data import count_batches, tokenized_training_pairs
+
+    opened = []
+    original_iter = tf.data.Dataset.__iter__
+
+    def counting_iter(dataset):
+        if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+            opened.append(dataset)
+        return original_iter(dataset)
+
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", counting_iter)
+    config = run_config(bible_tokenizers, tmp_path / "run", validation=False, epochs=2, steps_per_epoch=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(config)
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    per_epoch = count_batches(corpus, tokenizers, config, 1, tokenized_training_pairs(corpus, tokenizers, config))
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["steps_done"] == report["steps_planned"] == 2 * per_epoch
+    assert len(opened) == 1
+    assert not [w for w in caught if "ran out of data" in str(w.message)]

@@ -20,7 +20,7 @@ import tensorflow as tf
 from transformer.config import PipelineConfig, RunConfig
 from transformer.reports import StepTimeReport, error_info
 from transformer.rundir import RunCheckpoints
-from transformer.training_data import make_datasets
+from transformer.training_data import epoch_steps, make_datasets
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ class FitJob:
     on_retry: called with the smaller config after each retry (saves it, updates the report).
     tokenized: `training_data.tokenized_training_pairs(...)` already built (and its cache
         filled by `count_batches`), or None: the training pipeline tokenizes for itself.
+    steps_per_epoch: batches per `fit` epoch (`training_data.epoch_steps`) of the first
+        attempt; the training batches then repeat (one iterator for the run). None: TPU.
     """
 
     model: object
@@ -52,6 +54,7 @@ class FitJob:
     validate: bool
     on_retry: Callable[[RunConfig], None]
     tokenized: Optional[tf.data.Dataset] = None
+    steps_per_epoch: Optional[int] = None
 
 
 def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> tuple[dict, RunConfig]:
@@ -60,15 +63,17 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
     Returns (history, the config of the attempt that completed).
     """
     optimizer = job.model.optimizer
+    steps_per_epoch = job.steps_per_epoch
     while True:
         train_batches, val_batches = make_datasets(job.corpus, job.tokenizers, config, job.strategy_name,
-                                                   job.replicas, tokenized=job.tokenized)
+                                                   job.replicas, tokenized=job.tokenized,
+                                                   repeat=steps_per_epoch is not None)
         try:
             history = job.model.fit(
                 train_batches,
                 epochs=config.train.planned_epochs,
                 initial_epoch=initial_epoch,
-                steps_per_epoch=config.train.steps_per_epoch,
+                steps_per_epoch=steps_per_epoch,
                 validation_data=val_batches if job.validate else None,
                 validation_steps=config.train.validation_steps,
                 callbacks=job.callbacks,
@@ -83,6 +88,9 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
             initial_epoch = _restore_for_retry(job.checkpoints, optimizer, job.model, job.initial_state)
             _record_retry(job.report, err, config.pipeline, smaller, failed_step, int(optimizer.iterations.numpy()))
             config = dataclasses.replace(config, pipeline=smaller)
+            if steps_per_epoch is not None:  # smaller batches: more of them per epoch
+                steps_per_epoch = epoch_steps(job.corpus, job.tokenizers, config, job.strategy_name, job.replicas,
+                                              job.tokenized)
             job.on_retry(config)
 
 

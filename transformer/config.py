@@ -50,6 +50,9 @@ def parse_profile_steps(text: str) -> tuple[int, int]:
     return first_step, last_step
 
 
+UNBOUNDED_EPOCHS = 1_000_000  # `fit` epochs of a time-budgeted run: the budget stops it first
+
+
 @dataclass(frozen=True)
 class CorpusSpec:
     """One local corpus of a (weighted) mixture: `--data PATH[:WEIGHT]`.
@@ -246,7 +249,7 @@ class TrainConfig:
         """Epochs `fit` may run: `epochs`, or 1 — or no practical limit with a time budget."""
         if self.epochs is not None:
             return self.epochs
-        return 1 if self.time_budget_minutes is None else 1_000_000
+        return 1 if self.time_budget_minutes is None else UNBOUNDED_EPOCHS
 
     @property
     def planned_steps(self) -> Optional[int]:

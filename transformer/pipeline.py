@@ -90,6 +90,17 @@ def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: s
     return tokenized.cache("" if cache == "memory" else cache)
 
 
+def tokenize_mixture(mixture: Mixture, tokenizers, config: PipelineConfig, max_length: int,
+                     seed: Optional[int] = None) -> tf.data.Dataset:
+    """Each part tokenized and cached once (`tokenize_pairs`), then mixed: one epoch of ids per pass."""
+
+    def tokenize_part(index, part_pairs):
+        cache = config.cache if config.cache == "memory" else f"{config.cache}.part{index}"
+        return tokenize_pairs(part_pairs, tokenizers, max_length, cache)
+
+    return mixture.epoch(seed, per_part=tokenize_part, shuffle_buffer=config.shuffle_buffer)
+
+
 def padded_lengths(max_length: int, bucket_width: int) -> list[int]:
     """The padded sequence lengths of optimized batches: width, 2·width, … capped at max_length.
 
@@ -116,11 +127,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     `tokenized`: optional output of `tokenize_pairs` (to share one cache between runs).
     """
     if tokenized is None and isinstance(pairs, Mixture):
-        def tokenize_part(index, part_pairs):
-            cache = config.cache if config.cache == "memory" else f"{config.cache}.part{index}"
-            return tokenize_pairs(part_pairs, tokenizers, max_length, cache)
-
-        tokenized = pairs.epoch(seed, per_part=tokenize_part, shuffle_buffer=config.shuffle_buffer)
+        tokenized = tokenize_mixture(pairs, tokenizers, config, max_length, seed)
     elif tokenized is None:
         tokenized = tokenize_pairs(pairs, tokenizers, max_length, config.cache)
     if training:

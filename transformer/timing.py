@@ -49,6 +49,7 @@ import numpy as np
 import psutil
 import tensorflow as tf
 
+from transformer.config import UNBOUNDED_EPOCHS
 from transformer.flops import TransformerDims, measure_peak_flops
 from transformer.reports import StepTimeReport
 from transformer.step_stats import StepRecord
@@ -263,8 +264,9 @@ class BatchTimer(keras.callbacks.Callback):
     # ------------------------------------------------------------------ Keras hooks
 
     def on_train_begin(self, logs=None):
-        if self.report.steps_planned is None and self.params.get("steps"):
-            self.report.steps_planned = int(self.params["steps"]) * int(self.params.get("epochs", 1))
+        epochs = int(self.params.get("epochs", 1))
+        if self.report.steps_planned is None and self.params.get("steps") and epochs < UNBOUNDED_EPOCHS:
+            self.report.steps_planned = int(self.params["steps"]) * epochs
         if self.report.peak_flops is None and self.probe_peak:
             self.report.peak_flops = measure_peak_flops(dtype=self._compute_dtype())
         self._has_gpu = bool(tf.config.list_logical_devices("GPU"))

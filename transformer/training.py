@@ -72,7 +72,7 @@ from transformer.runlock import RunLock, make_run_dir
 from transformer.summaries import StepTensorBoard
 from transformer.timing import BatchTimer
 from transformer.tokenizer import build_or_load_tokenizers
-from transformer.training_data import count_batches, tokenized_training_pairs
+from transformer.training_data import count_batches, epoch_steps, tokenized_training_pairs
 from transformer.translator import DecodeConfig, Translator
 from transformer.validation_bleu import ValidationBleu, fixed_sample
 
@@ -254,12 +254,19 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
              strategy_name, replicas, replicas, report.run["batching"])
 
     budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
+    # the training split tokenized once: for counting an epoch's batches and for training
+    tokenized = tokenized_training_pairs(corpus, tokenizers, config) if strategy_name != "tpu" else None
+    counting = time.perf_counter()
+    steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
+    if steps_per_epoch is not None and not config.train.steps_per_epoch:
+        log.info("one epoch = %d batches (counted in %.1f s)", steps_per_epoch, time.perf_counter() - counting)
     total_steps = config.train.planned_steps
-    tokenized = None  # the training split tokenized once, for counting and for training
     if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
-        tokenized = tokenized_training_pairs(corpus, tokenizers, config) if strategy_name != "tpu" else None
-        total_steps = config.train.planned_epochs * count_batches(corpus, tokenizers, config, replicas, tokenized)
+        total_steps = config.train.planned_epochs * (
+            steps_per_epoch or count_batches(corpus, tokenizers, config, replicas, tokenized))
         log.info("cosine schedule over %d planned steps (%d epochs)", total_steps, config.train.planned_epochs)
+    if budget_s is None and report.steps_planned is None and steps_per_epoch is not None:
+        report.steps_planned = config.train.planned_epochs * steps_per_epoch
     clock = TrainingClock(budget_s, total_steps, wall=config.train.budget_clock == "wall", started=started)
     with strategy.scope():
         model = build_model(model_config)
@@ -280,7 +287,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     backup = None
     if config.train.backup_every_steps or _has_backup(run_dir):
         backup = StepBackupAndRestore(run_dir / BACKUP_DIR, save_freq=config.train.backup_every_steps or "epoch",
-                                      steps_per_epoch=config.train.steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
+                                      steps_per_epoch=steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
     bleu = make_bleu_callback(config, corpus, tokenizers, write_dir, report, clock, strategy_name)
     saver = EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps, clock)
     profiler = None
@@ -322,7 +329,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
             job = FitJob(model, checkpoints, callbacks, corpus, tokenizers, strategy_name, replicas, report,
                          initial_state, validate=not _evaluates_loss(callbacks), on_retry=on_retry,
-                         tokenized=tokenized)
+                         tokenized=tokenized, steps_per_epoch=steps_per_epoch)
             history, config = fit_with_auto_batch(job, config, initial_epoch)
     finally:  # also when the resumed run dies: the report says where it started
         if backup is not None and backup.restored is not None:

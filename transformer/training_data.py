@@ -4,13 +4,21 @@
 (transformer/pipeline.py); under `--strategy tpu` it builds static-shape batches instead
 (`distribute.tpu_batches`: XLA on TPU compiles one program per shape). `count_batches` is
 the length of one training epoch (the cosine schedule's planned steps).
+
+`fit` reads one repeated training dataset, `epoch_steps` batches per epoch (counted once
+when the user gave no `--steps-per-epoch`). Given a dataset of unknown length instead, Keras
+opens a new iterator every epoch and one more at each epoch's end; runs fed that way lost
+up to a minute per epoch, between steps, from the fourth epoch of a 30-minute budget on
+(docs/recipes.md, session 5). One iterator for the whole run has no such boundary.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 from transformer import distribute
 from transformer.config import RunConfig
-from transformer.pipeline import make_batches, tokenize_pairs
+from transformer.pipeline import make_batches, tokenize_mixture, tokenize_pairs
 
 
 def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
@@ -18,11 +26,15 @@ def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
 
     Shared by `count_batches` and `make_datasets`, so that counting the batches of an epoch
     fills the cache the training pipeline then reads (the split is tokenized once, not twice).
-    None when the pipeline tokenizes differently: naive (per batch) or a mixture (per part).
+    A mixture gives its per-part caches, mixed afresh on every pass. None for the naive
+    pipeline (it tokenizes every batch).
     """
-    if config.pipeline.kind != "optimized" or corpus.training_pairs is not corpus.train:
+    if config.pipeline.kind != "optimized":
         return None
-    return tokenize_pairs(corpus.train, tokenizers, config.model.max_length, config.pipeline.cache)
+    pairs = corpus.training_pairs
+    if pairs is corpus.train:
+        return tokenize_pairs(pairs, tokenizers, config.model.max_length, config.pipeline.cache)
+    return tokenize_mixture(pairs, tokenizers, config.pipeline, config.model.max_length, config.train.seed)
 
 
 def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1, tokenized=None) -> int:
@@ -30,15 +42,31 @@ def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1, toke
 
     `tokenized`: `tokenized_training_pairs(...)`, to fill the cache the training then reuses.
     """
-    batches = make_batches(corpus.train, tokenizers, config.pipeline, config.model.max_length, training=True,
-                           seed=config.train.seed, replicas=replicas, tokenized=tokenized)
+    batches = make_batches(corpus.training_pairs, tokenizers, config.pipeline, config.model.max_length,
+                           training=True, seed=config.train.seed, replicas=replicas, tokenized=tokenized)
     return int(batches.reduce(0, lambda count, _: count + 1).numpy())
 
 
-def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int, tokenized=None):
+def epoch_steps(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int = 1,
+                tokenized=None) -> Optional[int]:
+    """Batches per `fit` epoch: `--steps-per-epoch`, else one counted pass; None on TPU.
+
+    TPU batches are one fixed epoch of static shapes, read to its end as before.
+    """
+    if config.train.steps_per_epoch:
+        return config.train.steps_per_epoch
+    if strategy_name == "tpu":
+        return None
+    return count_batches(corpus, tokenizers, config, replicas, tokenized)
+
+
+def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int, tokenized=None,
+                  repeat: Optional[bool] = None):
     """(training, validation or None) datasets of global batches, auto-shard policy set.
 
     `tokenized`: `tokenized_training_pairs(...)` built before (e.g. by `count_batches`), or None.
+    `repeat`: the training batches repeat without end (`fit` then needs `steps_per_epoch`);
+    None: only when `--steps-per-epoch` is set.
     """
     max_length = config.model.max_length
     if strategy_name == "tpu":
@@ -59,7 +87,7 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
 
     train_pairs = corpus.train if strategy_name == "tpu" else corpus.training_pairs  # TPU: one fixed epoch
     train_batches = distribute.shard_input(batches(train_pairs, True))
-    if config.train.steps_per_epoch:
+    if repeat if repeat is not None else bool(config.train.steps_per_epoch):
         train_batches = train_batches.repeat()
     val_batches = None
     if corpus.validation is not None:
