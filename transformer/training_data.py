@@ -8,8 +8,9 @@ the length of one training epoch (the cosine schedule's planned steps).
 `fit` reads one repeated training dataset, `epoch_steps` batches per epoch (counted once
 when the user gave no `--steps-per-epoch`). Given a dataset of unknown length instead, Keras
 opens a new iterator every epoch and one more at each epoch's end; 30-minute runs fed that
-way lost 17-58 s at the start of several epochs, between steps; with one iterator the
-overhead is 1-3 s per epoch (docs/recipes.md, *Wall time of a 30-minute budget*).
+way lost 17-58 s at the start of several epochs, between steps (deleting an iterator read
+for minutes can block that long); with one iterator the overhead is 1-3 s per epoch
+(docs/recipes.md, *Wall time of a 30-minute budget*).
 """
 
 from __future__ import annotations
