@@ -30,8 +30,41 @@ def make_schedule(config: RunConfig, d_model: int, progress: Optional[tf.Variabl
     return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, total_steps=total_steps)
 
 
+@keras.saving.register_keras_serializable(package="transformer")
+class FusedAdam(keras.optimizers.Adam):
+    """Keras' Adam, each variable updated by one fused kernel (`ResourceApplyAdam`).
+
+    Same update, same state (`m`, `v`) and checkpoint layout as `keras.optimizers.Adam`:
+    m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², θ ← θ − lr·√(1−β₂ᵗ)/(1−β₁ᵗ)·m/(√v + ε). Keras
+    runs it as ~10 element-wise ops per variable, each a pass over memory; the fused kernel
+    makes one pass (2.5x faster on the default model's 11.6 M parameters, README *Where the
+    time goes*). A sparse (IndexedSlices) gradient, an embedding's, is made dense first, so a
+    token seen several times in a batch gets v ← … + (1−β₂)(Σg)², as with a dense gradient
+    and Keras 2's Adam; Keras 3's Adam squares the slices before summing them (Σg²).
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.amsgrad:
+            return super().update_step(gradient, variable, learning_rate)
+        index = self._get_variable_index(variable)
+        momentum, velocity = self._momentums[index], self._velocities[index]
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        tf.raw_ops.ResourceApplyAdam(
+            var=_handle(variable), m=_handle(momentum), v=_handle(velocity),
+            beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step),
+            lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2, epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.convert_to_tensor(tf.cast(gradient, dtype)), use_locking=False)
+
+
+def _handle(variable):
+    """The resource handle of a Keras or tf variable (per-device component inside a strategy's update)."""
+    return variable.value.handle if isinstance(variable, keras.Variable) else variable.handle
+
+
 def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras.optimizers.Optimizer:
-    """Adam(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA.
+    """`FusedAdam`(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA.
 
     Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
     variables are created here so a checkpoint can restore them before the first step.
@@ -39,7 +72,7 @@ def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras
     """
     if schedule is None:
         schedule = make_schedule(config, model.config.d_model)
-    optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    optimizer = FusedAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     model.compile(
         optimizer=optimizer,
         loss=MaskedSparseCrossEntropy(config.train.label_smoothing),
