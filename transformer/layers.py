@@ -184,10 +184,13 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         logits = tf.matmul(query_heads, key_heads, transpose_b=True)
         logits = tf.cast(logits, tf.float32)  # [B, N, T, S]
         if attention_mask is not None:
+            # An additive bias (0 or NEG_INF), built on the head-less mask: masked weights are
+            # still exactly 0, and its gradient is the identity, where tf.where's backward
+            # costs two selects over [B, N, T, S].
             mask = tf.cast(attention_mask, tf.bool)
             while mask.shape.rank < 3:
                 mask = mask[tf.newaxis]
-            logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
+            logits += tf.where(mask, 0.0, NEG_INF)[:, tf.newaxis]
         scores = tf.nn.softmax(logits, axis=-1)
         # Keras' Dropout creates its seed generator only for a rate > 0.
         use_dropout = training and self._dropout > 0
