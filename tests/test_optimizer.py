@@ -7,12 +7,8 @@ import tensorflow as tf
 from transformer.optimizer import FusedAdam
 
 
-def _train(optimizer_cls, steps=5, checkpoint_from=None, first_step=0, densify=False):
-    """A dense matrix and an embedding (IndexedSlices gradient, a repeated id) trained a few steps.
-
-    `densify`: hand the optimizer dense gradients (Keras' Adam squares the slices of a
-    repeated id before summing them: Σg² instead of (Σg)²; with dense gradients it is Adam).
-    """
+def _train(optimizer_cls, steps=5, checkpoint_from=None, first_step=0):
+    """A dense matrix and an embedding (IndexedSlices gradient, a repeated id) trained a few steps."""
     tf.random.set_seed(0)
     dense = keras.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), name="dense")
     table = keras.Variable(np.linspace(0, 2, 20, dtype=np.float32).reshape(5, 4), name="table")
@@ -26,23 +22,21 @@ def _train(optimizer_cls, steps=5, checkpoint_from=None, first_step=0, densify=F
             rows = tf.gather(table, ids)  # gradient of `table`: IndexedSlices
             loss = tf.reduce_sum(tf.sin(tf.matmul(rows[:3, :3], dense) * (step + 1.0))) + tf.reduce_sum(rows ** 2)
         grads = tape.gradient(loss, [dense, table])
-        if densify:
-            grads = [tf.convert_to_tensor(grad) for grad in grads]
         optimizer.apply_gradients(zip(grads, [dense, table]))
     return dense, table, optimizer
 
 
 def test_fused_adam_matches_keras_adam_on_dense_and_sparse_gradients():
-    ref_dense, ref_table, _ = _train(keras.optimizers.Adam, densify=True)
+    ref_dense, ref_table, _ = _train(keras.optimizers.Adam)
     dense, table, _ = _train(FusedAdam)
     np.testing.assert_allclose(dense.numpy(), ref_dense.numpy(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(table.numpy(), ref_table.numpy(), rtol=0, atol=1e-6)
 
 
 def test_a_keras_adam_checkpoint_resumes_in_fused_adam(tmp_path):
-    dense, table, optimizer = _train(keras.optimizers.Adam, steps=3, densify=True)
+    dense, table, optimizer = _train(keras.optimizers.Adam, steps=3)
     path = tf.train.Checkpoint(optimizer=optimizer, dense=dense, table=table).write(str(tmp_path / "ckpt"))
     resumed_dense, _, resumed = _train(FusedAdam, steps=2, checkpoint_from=path, first_step=3)
-    continued_dense, _, _ = _train(keras.optimizers.Adam, steps=5, densify=True)
+    continued_dense, _, _ = _train(keras.optimizers.Adam, steps=5)
     assert int(resumed.iterations.numpy()) == 5
     np.testing.assert_allclose(resumed_dense.numpy(), continued_dense.numpy(), rtol=0, atol=1e-6)
