@@ -4,8 +4,8 @@ Training call: `model((src_ids, tgt_in_ids))` → logits `[batch, tgt_len, tgt_v
 always float32. Under a mixed policy the final projection multiplies in the compute dtype
 (bfloat16/float16, accumulating in float32 inside the kernel) and its output is cast to
 float32 before softmax and loss, as PyTorch autocast and Megatron-LM do: the largest matmul
-of a small model then runs at the fast precision (README, *Where the time goes*), while
-softmax and loss stay float32.
+of a small model then runs at the fast precision (issue #11: default model 1.39× → 1.55× of
+float32 on an AMD EPYC with avx512_bf16), while softmax and loss stay float32.
 
 Incremental decoding (used by transformer/translator.py), KerasHub style:
     memory, src_mask = model.encode(src_ids)
