@@ -199,10 +199,9 @@ def test_mixed_precision_runs_and_trains(tiny_model_config, precision_policy):
     compute = precision_policy.split("_")[1]
     assert model.compute_dtype == compute
     assert all(w.dtype == "float32" for w in model.weights)  # float32 master weights
-    assert model.final_layer.compute_dtype == compute  # the vocabulary projection runs at the fast precision…
     src, tgt = random_ids(config)
     logits = model((src, tgt), training=False)
-    assert logits.dtype == tf.float32  # …and its output is float32 for softmax and loss
+    assert logits.dtype == tf.float32
     assert np.isfinite(logits.numpy()).all()
 
     # The mixed model computes (approximately) the float32 model's function.

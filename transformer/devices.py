@@ -71,7 +71,7 @@ def select_device(requested: str) -> str:
 def set_precision(mode: str, device: str) -> str:
     """Sets the Keras global dtype policy from --mixed-precision {off,float16,bfloat16}.
 
-    Returns the policy name. Logits (cast after the projection), softmax and loss stay float32 whatever the policy.
+    Returns the policy name. Logits and loss stay float32 in the model whatever the policy.
     """
     policy = POLICIES.get(mode)
     if policy is None:

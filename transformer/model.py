@@ -1,11 +1,7 @@
 """The encoder-decoder Transformer (Keras 3 model).
 
 Training call: `model((src_ids, tgt_in_ids))` → logits `[batch, tgt_len, tgt_vocab]`,
-always float32. Under a mixed policy the final projection multiplies in the compute dtype
-(bfloat16/float16, accumulating in float32 inside the kernel) and its output is cast to
-float32 before softmax and loss, as PyTorch autocast and Megatron-LM do: the largest matmul
-of a small model then runs at the fast precision (issue #11: default model 1.39× → 1.55× of
-float32 on an AMD EPYC with avx512_bf16), while softmax and loss stay float32.
+always float32 (the final projection runs in float32 under every precision policy).
 
 Incremental decoding (used by transformer/translator.py), KerasHub style:
     memory, src_mask = model.encode(src_ids)
@@ -89,11 +85,11 @@ class Transformer(keras.Model):
         # Final norms of the pre-norm stacks (a pre-norm block's output is un-normalised).
         self.encoder_norm = LayerNorm(dtype=policy, name="encoder_norm") if pre_norm else None
         self.decoder_norm = LayerNorm(dtype=policy, name="decoder_norm") if pre_norm else None
-        # Projection in the compute dtype; `logits` casts its output to float32 (module docstring).
+        # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16.
         if tie_embeddings == "none":
-            self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype=policy, name="logits")
+            self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
         else:
-            self.final_layer = TiedLogits(self.tgt_embedding.embedding, dtype=policy, name="logits")
+            self.final_layer = TiedLogits(self.tgt_embedding.embedding, name="logits")
 
     @property
     def encoder_layers(self) -> list:
@@ -202,7 +198,7 @@ class Transformer(keras.Model):
         """Decoder output `[B, T, d_model]` → logits `[B, T, V]` float32 (final norm if pre-norm)."""
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return tf.cast(self.final_layer(x), tf.float32)
+        return self.final_layer(x)
 
     def get_config(self):
         base = super().get_config()

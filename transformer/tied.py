@@ -9,9 +9,9 @@
               input, output and softmax (needs a shared source/target vocabulary,
               `TokenizerConfig.shared_vocab`).
 
-Mixed precision: the embedding variable is float32 (Keras keeps variables in float32); the
-projection multiplies in the layer's compute dtype (bfloat16 under `mixed_bfloat16`), like
-the untied `Dense`, and `Transformer.logits` casts the result to float32 for softmax and loss.
+Mixed precision: the embedding variable is float32 (Keras keeps variables in float32), and
+the projection casts the hidden states to float32 and multiplies in float32, so logits are
+float32 under every policy, as with the untied float32 `Dense`.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ class TiedLogits(keras.layers.Layer):
         x: `[batch, length, d_model]` in any float dtype.
 
     Returns:
-        logits `[batch, length, vocab]` in the compute dtype.
+        logits `[batch, length, vocab]` float32.
     """
 
     def __init__(self, embedding, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(dtype="float32", **kwargs)
         self.embedding = embedding
 
     def build(self, input_shape=None):
@@ -44,7 +44,6 @@ class TiedLogits(keras.layers.Layer):
         self.built = True
 
     def call(self, x):
-        dtype = self.compute_dtype
-        matrix = tf.cast(tf.convert_to_tensor(self.embedding.embeddings), dtype)  # [V, d] (float32 variable)
-        logits = tf.einsum("btd,vd->btv", tf.cast(x, dtype), matrix)
-        return logits + tf.cast(self.bias, dtype)
+        matrix = tf.convert_to_tensor(self.embedding.embeddings)  # [V, d] float32 variable
+        logits = tf.einsum("btd,vd->btv", tf.cast(x, tf.float32), tf.cast(matrix, tf.float32))
+        return logits + self.bias
