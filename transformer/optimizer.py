@@ -41,7 +41,7 @@ class FusedAdam(keras.optimizers.Adam):
     Sparse (IndexedSlices) gradients, the embeddings', keep Keras' own update: Keras 3 squares
     the slices of a token seen several times in a batch before summing them (Σg², not
     (Σg)²), and the default recipe's learning rate was tuned with that (the fused update on
-    embeddings measured −4.4 BLEU at 1,600 steps, docs/recipes.md).
+    embeddings measured −4.3 BLEU at 1,600 steps, docs/recipes.md).
     """
 
     def update_step(self, gradient, variable, learning_rate):
