@@ -22,9 +22,9 @@
 # # Training speed: CPU vs GPU, precision, XLA and the input pipeline
 #
 # This notebook trains the pt→en Transformer for a few steps under different settings and
-# compares their **step-time reports**: each `transformer.training.train()` run writes
+# compares their **step-time reports**: each `transformer.training.trainer.train()` run writes
 # `report.json` (environment, settings, steady-state step time, tokens/s, time spent
-# waiting for data) plus a per-step CSV, and `transformer.compare` turns two or more
+# waiting for data) plus a per-step CSV, and `transformer.measure.compare` turns two or more
 # reports into a table and a plot.
 #
 # 1. **Setup**: clone + pinned install on Colab; nothing to install locally.
@@ -72,7 +72,7 @@ MAX_TOKENS = 8192            # padded tokens per batch per side, optimized pipel
 # of the speed-ups. pipeline: "naive" (the tutorial's) or "optimized" (tokenize once,
 # cache, bucket by length); precision: "off" (float32), "float16", "bfloat16" or "auto";
 # xla: True/False (jit-compile the train step) or None (auto). "auto" and None are decided
-# for this machine by transformer/precision.py, exactly as `scripts/train.py
+# for this machine by transformer/runtime/precision.py, exactly as `scripts/train.py
 # --mixed-precision auto --xla auto` decides (GPU: by compute capability; CPU: bfloat16 only
 # with BF16 instructions and a measured speed-up); the training cell prints the decision.
 RUNS = [
@@ -121,7 +121,7 @@ else:  # a local clone: notebooks/ is inside it; nothing is installed
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
-from transformer.notebook_setup import setup  # the clone is importable from here on
+from transformer.base.notebook_setup import setup  # the clone is importable from here on
 
 DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATASET, OUTPUT_ROOT, TOKENIZER_ROOT,
                                               SAVE_TO_DRIVE)
@@ -134,14 +134,14 @@ DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATA
 # `nvidia-smi` reports it, the versions every report records, and which reduced precisions
 # run fast here: float16 needs tensor cores (compute capability ≥ 7.0, e.g. T4/V100),
 # bfloat16 needs ≥ 8.0 on a GPU (A100, L4) or AMX/AVX512-BF16 on a CPU. These device facts
-# are what precision "auto" decides from (`transformer.precision.device_facts`).
+# are what precision "auto" decides from (`transformer.runtime.precision.device_facts`).
 
 # %%
 import tensorflow as tf
 
-from transformer.devices import visible_devices_report
-from transformer.precision import device_facts
-from transformer.reports import capture_environment
+from transformer.measure.reports import capture_environment
+from transformer.runtime.devices import visible_devices_report
+from transformer.runtime.precision import device_facts
 
 ENVIRONMENT = capture_environment()
 print("TensorFlow sees:\n" + visible_devices_report())
@@ -174,7 +174,7 @@ print(f"\nruns on this runtime will be named {DEVICE_SLUG}-…")
 # %%
 import json
 
-from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig
+from transformer.base.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig
 
 BASE_CONFIG = RunConfig(
     data=DataConfig(data_dir=DATA_DIR, dataset=DATASET, max_train_examples=MAX_TRAIN_EXAMPLES,
@@ -189,7 +189,7 @@ print(json.dumps(BASE_CONFIG.to_dict(), indent=1))
 
 # %% [markdown]
 # One `train()` per entry of `RUNS`. A precision of "auto" (or xla None) is resolved by
-# `transformer.precision.decide_precision`, the function `train()` itself calls: the cell
+# `transformer.runtime.precision.decide_precision`, the function `train()` itself calls: the cell
 # prints the decision and its reason and names the run after what was chosen; `train()`
 # records the same decision in `report.json` (`run.precision_decision`). Each run directory
 # holds `report.json` + `report_steps.csv` (the step-time report, written even if the run
@@ -204,8 +204,8 @@ import shutil
 
 import keras
 
-from transformer.precision import decide_precision
-from transformer.training import train
+from transformer.runtime.precision import decide_precision
+from transformer.training.trainer import train
 
 REPORTS = []
 for pipeline, precision, xla in RUNS:
@@ -240,7 +240,7 @@ keras.mixed_precision.set_global_policy("float32")
 # %%
 from IPython.display import Image, Markdown, display
 
-from transformer.compare import compare
+from transformer.measure.compare import compare
 
 report_paths = sorted(OUTPUT_ROOT.glob("*/report.json"),
                       key=lambda path: (not path.parent.name.startswith("cpu-"), path.stat().st_mtime))

@@ -24,11 +24,11 @@
 # # Translate, inspect attention, score BLEU, export a SavedModel
 #
 # 1. **Model**: load a finished training run (`RUN_DIR`), or train one here.
-# 2. **Translate** a few Portuguese sentences with `transformer.translator.Translator`
+# 2. **Translate** a few Portuguese sentences with `transformer.inference.translator.Translator`
 #    (cached greedy or beam search).
 # 3. **Attention heatmap**: the last decoder layer's cross-attention for one sentence.
-# 4. **BLEU / chrF** (sacrebleu) on a held-out split with `transformer.evaluation`.
-# 5. **Export** a self-contained SavedModel (tokenizers inside) with `transformer.export`,
+# 4. **BLEU / chrF** (sacrebleu) on a held-out split with `transformer.inference.evaluation`.
+# 5. **Export** a self-contained SavedModel (tokenizers inside) with `transformer.inference.export`,
 #    reload it with plain `tf.saved_model.load` and check it translates exactly as the
 #    in-memory model.
 #
@@ -116,7 +116,7 @@ else:  # a local clone: notebooks/ is inside it; nothing is installed
 if str(REPO_DIR) not in sys.path:
     sys.path.insert(0, str(REPO_DIR))
 
-from transformer.notebook_setup import setup  # the clone is importable from here on
+from transformer.base.notebook_setup import setup  # the clone is importable from here on
 
 DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATASET, OUTPUT_ROOT, TOKENIZER_ROOT,
                                               SAVE_TO_DRIVE)
@@ -124,7 +124,7 @@ DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATA
 # %% [markdown]
 # ## Model
 #
-# With `RUN_DIR = None` this trains a model with `transformer.training.train()` (the same
+# With `RUN_DIR = None` this trains a model with `transformer.training.trainer.train()` (the same
 # function as `scripts/train.py`; running the cell again retrains from scratch). Either way
 # the `Translator` is built from the run directory's latest checkpoint and its own
 # tokenizers, under the float32 policy (training may have used mixed precision).
@@ -135,9 +135,9 @@ import shutil
 
 import keras
 
-from transformer.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, TokenizerConfig, TrainConfig
-from transformer.rundir import CONFIG_FILE, REPORT_FILE, translator_from_run
-from transformer.training import train
+from transformer.base.config import DataConfig, DecodeConfig, ModelConfig, RunConfig, TokenizerConfig, TrainConfig
+from transformer.inference.rundir import CONFIG_FILE, REPORT_FILE, translator_from_run
+from transformer.training.trainer import train
 
 if RUN_DIR is None:
     run_dir = OUTPUT_ROOT / "run"
@@ -152,7 +152,7 @@ if RUN_DIR is None:
         train=TrainConfig(epochs=EPOCHS, steps_per_epoch=STEPS, time_budget_minutes=TIME_BUDGET_MINUTES,
                           mixed_precision=PRECISION, output_dir=str(run_dir), verbose=2),
     ).validate()
-    result = train(config)  # "auto" precision / XLA: transformer/precision.py, as for scripts/train.py
+    result = train(config)  # "auto" precision / XLA: transformer/runtime/precision.py, as for scripts/train.py
     decision = json.loads((run_dir / REPORT_FILE).read_text())["run"]["precision_decision"]
     print(f"precision {decision['policy']}, XLA {'on' if decision['xla'] else 'off'}: {decision['reason']}")
     print(json.dumps(result.summary, indent=1))
@@ -182,7 +182,7 @@ display(Markdown("| Portuguese | English (model) |\n|---|---|\n" + "\n".join(
 # each English wordpiece (rows) for the first sentence's Portuguese wordpieces (columns).
 
 # %%
-from transformer.attention_plot import attention_for_sentence, plot_attention
+from transformer.measure.attention_plot import attention_for_sentence, plot_attention
 
 weights, source_tokens, target_tokens, translation = attention_for_sentence(translator.attention(SENTENCES[:1]), 0)
 heatmap = plot_attention(weights, source_tokens, target_tokens, OUTPUT_ROOT / "attention.png",
@@ -198,8 +198,8 @@ display(Image(filename=str(heatmap)))
 # Speed: one cold pass (tracing included), then one warm pass.
 
 # %%
-from transformer.data import load_split
-from transformer.evaluation import evaluate, save_report
+from transformer.data.corpora import load_split
+from transformer.inference.evaluation import evaluate, save_report
 
 data = RUN_CONFIG.data
 split = EVAL_SPLIT if EVAL_SPLIT != "auto" else ("validation" if data.data_dir else "test")
@@ -223,7 +223,7 @@ display(Markdown(
 # Signature `serving_default`: `{"sentences": tf.string [batch]}` → `{"translations": tf.string [batch]}`.
 
 # %%
-from transformer.export import export_translator
+from transformer.inference.export import export_translator
 
 EXPORT_DIR = export_translator(translator, OUTPUT_ROOT / "export", overwrite=True,
                                extra={"run_dir": str(RUN_DIR)})

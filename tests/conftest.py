@@ -16,17 +16,17 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 # "--mixed-precision auto" resolves to float32 in tests, whatever the CPU (AMX Xeon, EPYC with
-# avx512_bf16, or none): runs stay identical across CI machines. tests/test_precision.py unpins it.
+# avx512_bf16, or none): runs stay identical across CI machines. tests/runtime/test_precision.py unpins it.
 os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 
 import pytest  # noqa: E402
 from helpers_model import TINY_MODEL  # noqa: E402
 from helpers_translation import TOKENIZER_PAIRS, TOKENIZER_VOCAB, VAL_PAIRS, bible_slice_config, shared_tokenizers  # noqa: E402, F401
 
-from transformer.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig  # noqa: E402
-from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
-from transformer.reports import StepTimeReport  # noqa: E402
-from transformer.step_stats import StepRecord  # noqa: E402
+from transformer.base.config import DataConfig, ModelConfig, PipelineConfig, RunConfig, TokenizerConfig, TrainConfig  # noqa: E402
+from transformer.base.constants import SHARED_CORPUS_DIR  # noqa: E402
+from transformer.measure.reports import StepTimeReport  # noqa: E402
+from transformer.measure.step_stats import StepRecord  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIBLE_DIR = SHARED_CORPUS_DIR
@@ -52,7 +52,7 @@ class BuiltTokenizers:
     tokenizers: object  # the restored PairTokenizers SavedModel (.src / .tgt)
     directory: Path
     config: TokenizerConfig
-    corpus: object  # transformer.data.ParallelCorpus they were learned from
+    corpus: object  # transformer.data.corpora.ParallelCorpus they were learned from
     data_config: DataConfig
 
 

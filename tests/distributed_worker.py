@@ -1,4 +1,4 @@
-"""Subprocess entry points for tests/test_distributed.py (each needs a fresh TensorFlow).
+"""Subprocess entry points for tests/runtime/test_distributed.py (each needs a fresh TensorFlow).
 
     python tests/distributed_worker.py equivalence OUT.json
         2 logical CPU devices: one train step of a tiny Transformer on one global batch
@@ -60,8 +60,8 @@ def _one_step(strategy, loss) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from transformer.losses import MaskedAccuracy
-    from transformer.model import Transformer
+    from transformer.model.losses import MaskedAccuracy
+    from transformer.model.transformer import Transformer
 
     keras.utils.set_random_seed(1)
     with strategy.scope():
@@ -82,8 +82,8 @@ def equivalence(out: Path) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from transformer.constants import PAD_ID
-    from transformer.losses import MaskedSparseCrossEntropy
+    from transformer.base.constants import PAD_ID
+    from transformer.model.losses import MaskedSparseCrossEntropy
 
     class PerReplicaMean(keras.losses.Loss):
         """The bug the project's loss avoids: each replica divides by its own token count."""
@@ -118,8 +118,8 @@ def run_train(config_path: Path, progress: Path | None, sleep_s: float, weights:
     import keras
     import numpy as np
 
-    from transformer.config import RunConfig
-    from transformer.training import train
+    from transformer.base.config import RunConfig
+    from transformer.training.trainer import train
 
     class Progress(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -144,8 +144,8 @@ def save_loop(directory: Path, verify_only: bool) -> None:
     import keras
     import numpy as np
 
-    from transformer.backup import StepBackupAndRestore
-    from transformer.rundir import RunCheckpoints
+    from transformer.inference.rundir import RunCheckpoints
+    from transformer.training.backup import StepBackupAndRestore
 
     model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(1024), keras.layers.Dense(512)])  # ~4 MB
     model.compile(keras.optimizers.Adam(), "mse")

@@ -5,9 +5,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from transformer.config import ModelConfig
-from transformer.constants import PAD_ID
-from transformer.model import Transformer
+from transformer.base.config import ModelConfig
+from transformer.base.constants import PAD_ID
+from transformer.model.transformer import Transformer
 
 # The tiny model every model/decoding test starts from (overrides via dataclasses.replace).
 TINY_MODEL = ModelConfig(num_layers=2, d_model=16, num_heads=2, dff=32, dropout_rate=0.0, head_width="tutorial",

@@ -17,8 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 from helpers_model import TINY_MODEL, build  # noqa: E402
 
-from transformer.config import DataConfig, TokenizerConfig  # noqa: E402
-from transformer.constants import SHARED_CORPUS_DIR  # noqa: E402
+from transformer.base.config import DataConfig, TokenizerConfig  # noqa: E402
+from transformer.base.constants import SHARED_CORPUS_DIR  # noqa: E402
 
 BIBLE_DIR = SHARED_CORPUS_DIR
 
@@ -49,8 +49,8 @@ def bible_slice_config() -> DataConfig:
 
 @functools.lru_cache(maxsize=None)
 def _build_test_tokenizers():
-    from transformer.data import load_corpus
-    from transformer.tokenizer import build_or_load_tokenizers
+    from transformer.data.corpora import load_corpus
+    from transformer.data.tokenizer import build_or_load_tokenizers
 
     root = tempfile.mkdtemp(prefix="test-tokenizers-")
     config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=root, lower_case=True)
@@ -68,7 +68,7 @@ def shared_tokenizers():
 
 def tiny_translator(config=None, seed: int = 0, max_length: int = 24):
     """A Translator over `shared_tokenizers()` and a tiny random model."""
-    from transformer.translator import DecodeConfig, Translator
+    from transformer.inference.translator import DecodeConfig, Translator
 
     tokenizers = shared_tokenizers()[0]
     model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),

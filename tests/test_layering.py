@@ -43,14 +43,15 @@ def _lint_with_plants(tmp_path: Path, plants: dict[str, str]) -> subprocess.Comp
 
 def test_a_planted_upward_import_breaks_the_layers_contract(tmp_path):
     result = _lint_with_plants(tmp_path, {
-        "model.py": "\nfrom transformer.training import train  # planted: model → training is upward\n"})
+        "model/transformer.py": "\nfrom transformer.training.trainer import train  # planted: model → training is upward\n"})
     assert "Layers: no module imports from a layer above its own BROKEN" in result.stdout
-    assert "transformer.model -> transformer.training" in result.stdout
+    assert "transformer.model.transformer -> transformer.training.trainer" in result.stdout
 
 
 def test_a_planted_cycle_and_a_tensorflow_import_in_the_base_layer_break_the_contracts(tmp_path):
     result = _lint_with_plants(tmp_path, {
-        "constants.py": "\nimport tensorflow  # planted\n",
-        "translator.py": "\n\ndef _late():\n    from transformer.export import open_translator  # planted cycle\n"})
+        "base/constants.py": "\nimport tensorflow  # planted\n",
+        "inference/translator.py":
+            "\n\ndef _late():\n    from transformer.inference.export import open_translator  # planted cycle\n"})
     assert "TensorFlow-free (config, flags, constants load without TF) BROKEN" in result.stdout
     assert "No import cycles between the package's modules BROKEN" in result.stdout

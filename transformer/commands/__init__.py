@@ -6,7 +6,7 @@
 
 A command module imports no TensorFlow when it is imported: `main` parses the flags, runs
 `cli.start()` (logging, TensorFlow/tensorflow-text version check) and only then imports the
-parts of the package that load TensorFlow (tests/test_commands.py checks both). To start one
+parts of the package that load TensorFlow (tests/commands/test_commands.py checks both). To start one
 of this checkout's commands in a child process use `cli.command_line(name, …)` with
 `env=cli.subprocess_env()`.
 """

@@ -9,8 +9,8 @@ Keep enough checkpoints while training (--keep-checkpoints, --checkpoint-every-s
 import argparse
 import sys
 
-from transformer import cli
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
 
 
 @command
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     parser.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
     args = parser.parse_args(argv)
     cli.start()
-    from transformer.rundir import average_checkpoints
+    from transformer.inference.rundir import average_checkpoints
 
     prefix = average_checkpoints(args.run, args.last)
     print(f"averaged checkpoint: {prefix}")

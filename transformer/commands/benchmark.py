@@ -21,11 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformer import cli
-from transformer.benchmark import make_cells, run_matrix
-from transformer.cli import XLA_CHOICES
-from transformer.constants import DEVICES, PIPELINE_KINDS, PRECISIONS, XLA_MODES
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.cli import XLA_CHOICES
+from transformer.base.constants import DEVICES, PIPELINE_KINDS, PRECISIONS, XLA_MODES
+from transformer.base.errors import command
+from transformer.measure.benchmark import make_cells, run_matrix
 
 
 @command

@@ -4,7 +4,7 @@
     python scripts/benchmark_decoding.py --run runs/bible --no-xla --baseline-sentences 100
 
 Trains nothing. Translates the validation split (default: the shared Bible corpus) with the
-run's model twice: (1) cached, batched, length-sorted greedy decoding (transformer/translator.py),
+run's model twice: (1) cached, batched, length-sorted greedy decoding (transformer/inference/translator.py),
 all sentences; (2) the tutorial Translator's design — one sentence at a time, the whole model
 re-run on the full prefix every step — on the first --baseline-sentences sentences. Prints
 and saves (JSON) both rates and the speed-up.
@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from transformer import cli
-from transformer.config import DecodeConfig
-from transformer.constants import SHARED_CORPUS_DIR
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.config import DecodeConfig
+from transformer.base.constants import SHARED_CORPUS_DIR
+from transformer.base.errors import command
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
 
@@ -46,9 +46,9 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from transformer.data import load_split
-    from transformer.evaluation import benchmark_decoding, save_report
-    from transformer.rundir import translator_from_run
+    from transformer.data.corpora import load_split
+    from transformer.inference.evaluation import benchmark_decoding, save_report
+    from transformer.inference.rundir import translator_from_run
 
     sources, references = load_split(data_dir=args.data, split=args.split, limit=args.limit)
     translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size, jit_compile=args.xla),

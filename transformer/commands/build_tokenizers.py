@@ -8,8 +8,8 @@ Prints the directory (tokenizers/<key>/); an existing directory for the same inp
 import argparse
 import sys
 
-from transformer import cli
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
 
 
 @command
@@ -21,8 +21,8 @@ def main(argv=None) -> int:
     cli.start()
     config = cli.run_config_from_args(args)
 
-    from transformer.data import load_corpus
-    from transformer.tokenizer import build_or_load_tokenizers
+    from transformer.data.corpora import load_corpus
+    from transformer.data.tokenizer import build_or_load_tokenizers
 
     tokenizers, directory = build_or_load_tokenizers(load_corpus(config.data), config.tokenizer)
     print(f"{directory}  (src vocab {int(tokenizers.src.get_vocab_size())}, "

@@ -4,15 +4,16 @@ Usage:
     python scripts/compare_reports.py runs/a/report.json runs/b/report.json \
         [--plot compare.png] [--markdown compare.md] [--threshold 10]
 
-Speed-ups are relative to the first report. See transformer/compare.py.
+Speed-ups are relative to the first report. See transformer/measure/compare.py.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from transformer import cli, compare
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
+from transformer.measure import compare
 
 
 @command

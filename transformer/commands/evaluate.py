@@ -6,7 +6,7 @@
 
 --model is a run directory or an export (see scripts/translate.py). Speed: one cold pass
 (tracing/compilation included) then --repeats warm passes; the report's `speed` is the best
-warm pass. See transformer/evaluation.py.
+warm pass. See transformer/inference/evaluation.py.
 """
 
 import argparse
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from transformer import cli
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
 
 
 @command
@@ -37,9 +37,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.start()
 
-    from transformer.data import load_split
-    from transformer.evaluation import evaluate, save_report
-    from transformer.export import open_translator
+    from transformer.data.corpora import load_split
+    from transformer.inference.evaluation import evaluate, save_report
+    from transformer.inference.export import open_translator
 
     sources, references = load_split(
         src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,

@@ -4,7 +4,7 @@
     python scripts/export.py --run runs/bible --output exports/bible-beam4 --beam 4 --xla
 
 Signature `serving_default`: {"sentences": tf.string [batch]} → {"translations": tf.string [batch]}
-(plus an `attention` signature; see transformer/export.py). Check it with
+(plus an `attention` signature; see transformer/inference/export.py). Check it with
     saved_model_cli show --dir exports/bible --all
 """
 
@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from transformer import cli
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
 
 
 @command
@@ -29,8 +29,8 @@ def main(argv=None) -> int:
     cli.start()
     config = cli.decode_config_from_args(args)
 
-    from transformer.export import export_translator
-    from transformer.rundir import translator_from_run
+    from transformer.inference.export import export_translator
+    from transformer.inference.rundir import translator_from_run
 
     translator = translator_from_run(args.run, config, args.checkpoint)
     path = export_translator(translator, args.output, overwrite=args.overwrite,

@@ -14,8 +14,8 @@ import argparse
 import json
 import sys
 
-from transformer import cli
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     config = cli.run_config_from_args(args)
     print("effective config:\n" + json.dumps(config.to_dict(), indent=2))
 
-    from transformer.training import train  # imports TensorFlow + tensorflow-text
+    from transformer.training.trainer import train  # imports TensorFlow + tensorflow-text
 
     result = train(config)
     print("\nsummary:\n" + json.dumps(result.summary, indent=2))

@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformer import cli
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.errors import command
 
 
 def read_sentences(args) -> list[str]:
@@ -44,14 +44,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.start()
 
-    from transformer.export import open_translator
+    from transformer.inference.export import open_translator
 
     sentences = read_sentences(args)
     translator = open_translator(args.model, cli.decode_config_from_args(args), args.checkpoint)
     for line in translator.translate(sentences):
         print(line)
     if args.plot_attention and sentences:
-        from transformer.attention_plot import attention_for_sentence, plot_attention
+        from transformer.measure.attention_plot import attention_for_sentence, plot_attention
 
         weights, source, target, translation = attention_for_sentence(translator.attention(sentences[:1]), 0, args.head)
         path = plot_attention(weights, source, target, args.plot_attention,

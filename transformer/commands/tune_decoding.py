@@ -20,10 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transformer import cli
-from transformer.config import DecodeConfig
-from transformer.constants import SHARED_CORPUS_DIR
-from transformer.errors import command
+from transformer.base import cli
+from transformer.base.config import DecodeConfig
+from transformer.base.constants import SHARED_CORPUS_DIR
+from transformer.base.errors import command
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
 
@@ -55,11 +55,11 @@ def main(argv=None) -> int:
 
     import tensorflow as tf
 
-    from transformer.data import load_split
-    from transformer.decode_tuning import best_alpha, decoder_name, interleaved_speed, quality_grid, wall_clock
-    from transformer.evaluation import save_report, score
-    from transformer.export import export_translator, load_exported
-    from transformer.rundir import translator_from_run
+    from transformer.data.corpora import load_split
+    from transformer.inference.decode_tuning import best_alpha, decoder_name, interleaved_speed, quality_grid, wall_clock
+    from transformer.inference.evaluation import save_report, score
+    from transformer.inference.export import export_translator, load_exported
+    from transformer.inference.rundir import translator_from_run
 
     sources, references = load_split(data_dir=args.data, split=args.split, limit=args.limit)
     translator = translator_from_run(args.run, DecodeConfig(jit_compile=args.xla), args.checkpoint)

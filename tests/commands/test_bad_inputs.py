@@ -1,0 +1,212 @@
+"""Bad input through every script's `main(argv)`: `error:` + `hint:`, exit status 2, no traceback.
+
+One table: each row writes its inputs under tmp_path, calls a script's main in-process and
+checks the message (it must name the file/flag at fault), the status and that stderr holds
+no traceback. Two rows run end to end in a subprocess (what a user sees, start-up included).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer.base import errors
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO_ROOT / "scripts"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def corpus(root: Path, pt: bytes | str, en: bytes | str, name: str = "train") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for suffix, text in (("pt", pt), ("en", en)):
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        (root / f"{name}.{suffix}").write_bytes(data)
+    return root
+
+
+def good(root: Path) -> Path:
+    return corpus(root, "um\ndois\n", "one\ntwo\n")
+
+
+def report_file(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def locked(run: Path) -> Path:
+    from transformer.runtime.runlock import LOCK_FILE
+
+    run.mkdir(parents=True)
+    (run / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 0}))
+    return run
+
+
+def with_checkpoint(run: Path) -> Path:
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    return run
+
+
+def saved_run(run: Path) -> Path:
+    from transformer.base.config import ModelConfig, RunConfig
+
+    run.mkdir(parents=True)
+    RunConfig(model=ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32, dropout_rate=0.1)).save(run / "config.json")
+    return run
+
+
+TRAIN = ["--device", "cpu", "--no-probe-peak", "--verbose", "0"]
+
+# (id, script, argv(tmp) -> list, env, message regex, exit status)
+CASES = [
+    ("mismatched line counts", "train",
+     lambda t: ["--data", str(corpus(t / "d", "um\ndois\ntrês\n", "one\ntwo\n")), "--output", str(t / "o"), *TRAIN],
+     {}, r"line counts differ: .*train\.pt has 3 lines", 2),
+    ("invalid UTF-8 at line 7", "train",
+     lambda t: ["--data", str(corpus(t / "d", b"a\n" * 6 + b"\xff\xfe\n", "x\n" * 7)), "--output", str(t / "o"), *TRAIN],
+     {}, r"train\.pt:7: invalid UTF-8", 2),
+    ("binary file", "train",
+     lambda t: ["--data", str(corpus(t / "d", bytes(range(256)) * 4, "x\n" * 5)), "--output", str(t / "o"), *TRAIN],
+     {}, r"train\.pt:\d+: invalid UTF-8", 2),
+    ("empty corpus", "train",
+     lambda t: ["--data", str(corpus(t / "d", "", "")), "--output", str(t / "o"), *TRAIN], {}, "empty corpus", 2),
+    ("whitespace-only corpus", "train",
+     lambda t: ["--data", str(corpus(t / "d", " \n\t\n \r\n", "\n  \n\u3000\n")), "--output", str(t / "o"), *TRAIN],
+     {}, "empty corpus", 2),
+    ("missing --data directory", "train",
+     lambda t: ["--data", str(t / "nope"), "--output", str(t / "o"), *TRAIN], {}, r"--data .*nope: directory not found", 2),
+    ("directory where a file is expected", "train",
+     lambda t: ["--train-src", str(good(t / "d")), "--train-tgt", str(t / "d" / "train.en"), "--output", str(t / "o"),
+                *TRAIN], {}, r"/d is a directory; expected a text file", 2),
+    ("--max-tokens -5", "train", lambda t: ["--max-tokens", "-5", "--output", str(t / "o")], {},
+     r"pipeline\.max_tokens must be > 0, got -5 \(flag --max-tokens\)", 2),
+    ("--epochs 0", "train", lambda t: ["--epochs", "0", "--output", str(t / "o")], {},
+     r"train\.epochs must be > 0, got 0 \(flag --epochs\)", 2),
+    ("--dropout 1.5", "train", lambda t: ["--dropout", "1.5", "--output", str(t / "o")], {},
+     r"model\.dropout_rate .*\(flag --dropout\)", 2),
+    ("unknown TFDS name", "train",
+     lambda t: ["--dataset", "no_such_dataset_xyz/pt_to_en", "--output", str(t / "o"), *TRAIN], {},
+     "no_such_dataset_xyz", 2),
+    ("bad TF_CONFIG", "train", lambda t: ["--data", str(good(t / "d")), "--output", str(t / "o"), *TRAIN],
+     {"TF_CONFIG": "{oops"}, "TF_CONFIG is not valid JSON", 2),
+    ("--device gpu without a GPU", "train",
+     lambda t: ["--data", str(good(t / "d")), "--output", str(t / "o"), "--device", "gpu"], {},
+     "--device gpu was requested but TensorFlow sees no GPU", 2),
+    ("unwritable --output (under a file)", "train",
+     lambda t: ["--data", str(good(t / "d")), "--output", str(report_file(t / "f", "x") / "run"), *TRAIN], {},
+     r"cannot create the run directory .*/f/run", 2),
+    ("second writer on the same --output", "train",
+     lambda t: ["--data", str(good(t / "d")), "--output", str(locked(t / "o")), *TRAIN], {},
+     rf"/o is in use by pid {os.getpid()} on ", 2),
+    ("existing run without --resume", "train",
+     lambda t: ["--data", str(good(t / "d")), "--output", str(with_checkpoint(t / "o")), *TRAIN], {},
+     r"/o already holds checkpoints; pass --resume", 2),
+    ("--resume with contradicting architecture flags", "train",
+     lambda t: ["--resume", "--output", str(saved_run(t / "o")), "--num-layers", "3", "--d-model", "64",
+                "--dropout", "0.1", *TRAIN], {},
+     r"--resume: 2 flag\(s\) contradict .*--num-layers 3 \(the run has model\.num_layers = 1\); "
+     r"--d-model 64 \(the run has model\.d_model = 16\)$", 2),
+    ("build_tokenizers: empty corpus", "build_tokenizers",
+     lambda t: ["--data", str(corpus(t / "d", "\n", "\n")), "--tokenizers-root", str(t / "tok")], {},
+     "empty corpus", 2),
+    ("compare_reports: missing report", "compare_reports",
+     lambda t: [str(t / "nope.json"), str(t / "nope2.json")], {}, r"report not found: .*nope\.json", 2),
+    ("compare_reports: not JSON", "compare_reports",
+     lambda t: [str(report_file(t / "a.json", "{")), str(report_file(t / "b.json", "{}"))], {},
+     r"a\.json: not valid JSON", 2),
+    ("compare_reports: JSON but not a report", "compare_reports",
+     lambda t: [str(report_file(t / "a.json", "{}")), str(report_file(t / "b.json", "[]"))], {},
+     r"a\.json: not a step-time report, missing keys", 2),
+    ("average_checkpoints: no checkpoints", "average_checkpoints", lambda t: [str(t)], {},
+     r"no checkpoints in .*checkpoints", 2),
+    ("average_checkpoints: --last 0", "average_checkpoints", lambda t: [str(t), "--last", "0"], {},
+     "--last must be >= 1", 2),
+]
+
+
+@pytest.mark.parametrize("name, script, argv, env, message, status", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line(name, script, argv, env, message, status, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(errors.DEBUG_ENV, raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = load_script(script).main(argv(tmp_path))
+    err = capsys.readouterr().err
+    assert code == status, err
+    assert "Traceback" not in err
+    error_lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1, err
+    assert re.search(message, error_lines[0]), err
+    assert err.splitlines()[-1].startswith("hint: ")
+
+
+def test_version_mismatch_is_an_error_line(monkeypatch, capsys):
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "2.20.1" if name == "tensorflow-text" else real(name))
+    assert load_script("train").main(["--output", "/nonexistent/never-created"]) == 2
+    err = capsys.readouterr().err
+    assert "error: TensorFlow" in err and "tensorflow-text 2.20.1" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    from transformer.data.corpora import CorpusError
+
+    with pytest.raises(CorpusError, match="directory not found"):
+        load_script("train").main(["--data", str(tmp_path / "nope"), "--output", str(tmp_path / "o"), *TRAIN,
+                                   "--debug"])
+
+
+def test_unexpected_errors_keep_their_traceback():
+    @errors.command
+    def main(argv):
+        raise ZeroDivisionError("a bug")
+
+    with pytest.raises(ZeroDivisionError):
+        main([])
+
+
+def test_ctrl_c_is_an_error_line(capsys):
+    @errors.command
+    def main(argv):
+        raise KeyboardInterrupt
+
+    assert main([]) == 130
+    assert capsys.readouterr().err.startswith("error: interrupted by SIGINT")
+
+
+def run_script(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", errors.DEBUG_ENV)}
+    environ.update(env or {}, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, str(SCRIPTS / f"{script}.py"), *args], capture_output=True, text=True,
+                          env=environ, timeout=120)
+
+
+def test_end_to_end_a_user_sees_two_lines(tmp_path):
+    """As a user runs it: invalid UTF-8 at train.pt:7 → two lines on stderr, exit 2; --debug: the traceback."""
+    data = corpus(tmp_path / "d", b"a\n" * 6 + b"\xc3\n", "x\n" * 7)
+    result = run_script("train", "--data", str(data), "--output", str(tmp_path / "o"), *TRAIN)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    tail = result.stderr.strip().splitlines()[-2:]
+    assert tail[0].startswith("error: ") and "train.pt:7: invalid UTF-8" in tail[0]
+    assert tail[1].startswith("hint: ")
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["state"] == "crashed" and report["error"]["type"] == "CorpusError"

@@ -1,0 +1,96 @@
+"""The entry points: commands import no TensorFlow, check versions first, scripts are thin.
+
+One child process (no TensorFlow in it, ~1 s) imports every command and runs each `main`
+with the version check planted to fail: each must stop with status 2 before TensorFlow is
+imported. The scripts must be thin callers of the package (no sys.path edits).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer.base import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Minimal argv that parses for each command (the version check comes right after parsing).
+ARGV = {
+    "train": [],
+    "build_tokenizers": [],
+    "translate": ["--model", "missing", "olá"],
+    "evaluate": ["--model", "missing", "--data", "missing"],
+    "export": ["--run", "missing", "--output", "missing-export"],
+    "average_checkpoints": ["missing"],
+    "benchmark": ["--steps", "1"],
+    "benchmark_decoding": ["--run", "missing"],
+    "compare_reports": ["a.json", "b.json"],
+    "tune_decoding": ["--run", "missing"],
+}
+
+CHILD = """
+import importlib, json, sys
+from transformer.base import cli, versions
+
+def mismatch(*args, **kwargs):
+    raise versions.VersionMismatchError("planted mismatch")
+
+cli.check_versions = mismatch
+results = {}
+for name, argv in json.loads(sys.argv[1]).items():
+    module = importlib.import_module(f"transformer.commands.{name}")
+    imported_tf_on_import = "tensorflow" in sys.modules
+    try:
+        status = module.main(argv)
+    except SystemExit as exit:
+        status = exit.code
+    results[name] = {"status": status, "tf_on_import": imported_tf_on_import, "tf_after": "tensorflow" in sys.modules}
+print(json.dumps(results))
+"""
+
+
+def test_every_command_is_listed_and_has_an_argv_here():
+    modules = {p.stem for p in (REPO_ROOT / "transformer" / "commands").glob("*.py")} - {"__init__"}
+    assert modules == set(cli.COMMANDS) == set(ARGV)
+
+
+def test_commands_import_no_tensorflow_and_check_versions_before_importing_it():
+    result = subprocess.run([sys.executable, "-c", CHILD, json.dumps(ARGV)], capture_output=True, text=True,
+                            timeout=120, env=cli.subprocess_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(results) == set(ARGV)
+    for name, outcome in results.items():
+        assert outcome == {"status": 2, "tf_on_import": False, "tf_after": False}, name
+    assert result.stderr.count("error: planted mismatch") == len(ARGV)
+
+
+@pytest.mark.parametrize("name", cli.COMMANDS)
+def test_scripts_are_thin_callers_of_the_commands(name):
+    source = (REPO_ROOT / "scripts" / f"{name}.py").read_text()
+    assert "sys.path" not in source
+    tree = ast.parse(source)
+    imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)]
+    assert [(node.module, [a.name for a in node.names]) for node in imports] == [(f"transformer.commands.{name}", ["main"])]
+    assert len(source.splitlines()) <= 15
+
+
+def test_a_script_runs_from_anywhere_with_the_package_importable(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "translate.py"), "--help"],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path, env=cli.subprocess_env())
+    assert result.returncode == 0, result.stderr
+    assert "--model" in result.stdout and "--beam" in result.stdout
+
+
+def test_command_line_runs_this_checkouts_command(tmp_path):
+    result = subprocess.run(cli.command_line("compare_reports", "--help"), capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env=cli.subprocess_env({"PATH": ""}))
+    assert result.returncode == 0, result.stderr
+    assert "step-time reports" in result.stdout
+    with pytest.raises(ValueError, match="unknown command"):
+        cli.command_line("nope")

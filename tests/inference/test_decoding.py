@@ -1,0 +1,219 @@
+"""Decoding strategies (transformer/inference/decoding.py) on tiny random models and scripted callbacks."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers_translation import tiny_model
+
+from transformer.base.constants import END_ID, PAD_ID, START_ID
+from transformer.inference import decoding
+
+MAX_STEPS = 20
+SRC_SPEC = [tf.TensorSpec([None, None], tf.int32)]  # one trace for every source shape
+
+
+def padded_sources():
+    """Three source rows of different lengths ([START] … [END]), padded with 0: `[3, 8]`."""
+    rows = [[START_ID, 5, 6, 7, 9, END_ID], [START_ID, 11, END_ID], [START_ID, 4, 8, 10, 12, 13, 14, END_ID]]
+    width = max(map(len, rows))
+    return rows, tf.constant([r + [PAD_ID] * (width - len(r)) for r in rows], tf.int32)
+
+
+def pad_to(ids: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
+
+
+@pytest.mark.parametrize("seed, head_width", [(0, "tutorial"), (1, "tutorial"), (2, "paper")])
+def test_cached_batched_greedy_equals_uncached_batch_one_greedy(seed, head_width):
+    model = tiny_model(seed=seed, head_width=head_width)  # input cache / key-value cache
+    rows, src = padded_sources()
+    cached = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
+    uncached_fn = tf.function(lambda s: decoding.uncached_greedy_decode(model, s, MAX_STEPS), input_signature=SRC_SPEC)
+    for i, row in enumerate(rows):
+        reference = uncached_fn(tf.constant([row], tf.int32)).numpy()  # the tutorial's loop, batch 1
+        np.testing.assert_array_equal(cached.ids.numpy()[i], pad_to(reference, MAX_STEPS)[0], err_msg=f"row {i}")
+        ended = np.flatnonzero(reference[0] == END_ID)
+        expected_length = ended[0] + 1 if ended.size else MAX_STEPS
+        assert cached.lengths.numpy()[i] == expected_length
+
+
+def test_greedy_and_uncached_stop_at_end():
+    model = tiny_model()
+    model.final_layer.bias.assign(tf.one_hot(END_ID, model.config.tgt_vocab_size) * 100.0)  # END always wins
+    _, src = padded_sources()
+    cached = decoding.greedy_translate(model, src, MAX_STEPS)
+    np.testing.assert_array_equal(cached.ids.numpy()[:, 0], [END_ID] * 3)
+    np.testing.assert_array_equal(cached.ids.numpy()[:, 1:], 0)
+    np.testing.assert_array_equal(cached.lengths.numpy(), [1, 1, 1])
+    assert decoding.uncached_greedy_decode(model, src[:1], MAX_STEPS).numpy().tolist() == [[END_ID]]
+
+
+def scripted_step_fn(end_steps, vocab=6, token=4):
+    """Row b emits `token` until step `end_steps[b]`, then [END]; counts its calls."""
+    end_steps = tf.constant(end_steps, tf.int32)
+    calls = []
+
+    def fn(ids, step, state):
+        calls.append(1)
+        target = tf.where(step >= end_steps, END_ID, token)
+        return tf.one_hot(target, vocab) * 10.0, state + 1, tf.one_hot(target, vocab)
+
+    return fn, calls
+
+
+def test_greedy_stops_when_every_row_has_ended():
+    fn, calls = scripted_step_fn([1, 3])
+    result = decoding.greedy_decode(fn, tf.fill([2], START_ID), tf.zeros([2]), 10, return_attention=True)
+    assert len(calls) == 4  # steps 0..3; eager while_loop runs the body in Python
+    assert result.ids.numpy().tolist() == [[4, END_ID] + [0] * 8, [4, 4, 4, END_ID] + [0] * 6]
+    assert result.lengths.numpy().tolist() == [2, 4]
+    np.testing.assert_allclose(result.log_probs.numpy(), 0.0, atol=1e-3)
+    assert result.attention.shape == (2, 10, 6)
+    np.testing.assert_array_equal(result.attention.numpy()[0, 2:], 0.0)  # zeros after [END]
+
+
+def test_greedy_stops_at_max_steps_and_row_limits():
+    fn, calls = scripted_step_fn([50, 50])
+    result = decoding.greedy_decode(fn, tf.fill([2], START_ID), tf.zeros([2]), 5)
+    assert len(calls) == 5
+    assert result.lengths.numpy().tolist() == [5, 5]
+    assert END_ID not in result.ids.numpy()
+    fn, calls = scripted_step_fn([50, 50])
+    result = decoding.greedy_decode(fn, tf.fill([2], START_ID), tf.zeros([2]), 5, max_lengths=tf.constant([2, 3]))
+    assert len(calls) == 3
+    assert result.ids.numpy().tolist() == [[4, 4, 0, 0, 0], [4, 4, 4, 0, 0]]
+
+
+def test_forbidden_ids_are_never_generated():
+    def fn(ids, step, state):  # PAD then START are the most likely tokens
+        return tf.tile(tf.constant([[9.0, 1.0, 8.0, 0.0, 2.0]]), [tf.shape(ids)[0], 1]), state
+
+    result = decoding.greedy_decode(fn, tf.fill([1], START_ID), tf.zeros([1]), 3)
+    assert result.ids.numpy().tolist() == [[4, 4, 4]]
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_beam_size_one_equals_greedy(head_width):
+    model = tiny_model(seed=3, head_width=head_width)
+    _, src = padded_sources()
+    greedy = decoding.greedy_translate(model, src, MAX_STEPS)
+    beam = tf.function(lambda s: decoding.beam_translate(model, s, 1, MAX_STEPS))(src)
+    np.testing.assert_array_equal(beam.ids.numpy()[:, 0], greedy.ids.numpy())
+    np.testing.assert_array_equal(beam.lengths.numpy()[:, 0], greedy.lengths.numpy())
+    np.testing.assert_allclose(beam.log_probs.numpy()[:, 0], greedy.log_probs.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_beam_hypotheses_sorted_by_penalised_score_and_batch_independent():
+    model = tiny_model(seed=4)
+    rows, src = padded_sources()
+    search = tf.function(lambda s: decoding.beam_translate(model, s, 4, MAX_STEPS, alpha=0.6), input_signature=SRC_SPEC)
+    result = search(src)
+    scores = result.scores.numpy()
+    assert np.all(np.diff(scores, axis=1) <= 1e-6), scores
+    expected = result.log_probs.numpy() / ((5.0 + result.lengths.numpy()) / 6.0) ** 0.6
+    np.testing.assert_allclose(scores, expected, rtol=1e-5)
+    for i in range(len(rows)):  # tiling/gathering by parent never mixes sentences of a batch
+        hypotheses = result.ids.numpy()[i].tolist()
+        assert len({tuple(h) for h in hypotheses}) == 4, "beams must be distinct hypotheses"
+        alone = search(tf.constant([rows[i]], tf.int32))
+        np.testing.assert_array_equal(alone.ids.numpy()[0], result.ids.numpy()[i])
+        np.testing.assert_allclose(alone.scores.numpy()[0], scores[i], rtol=1e-4, atol=1e-5)
+
+
+def step_dependent_fn(vocab=5):
+    """Token probabilities by position, whatever the prefix:
+    step 0: [END] .4, a .6; step 1: a .5, [END] .5; step ≥ 2: [END] ≈ 1.
+    Best by raw log-prob: "[END]" (ln .4 = -0.92) over "a [END]" and "a a [END]" (-1.20);
+    with alpha = 1 the length penalty makes "a a [END]" best (-1.20 / (8/6) = -0.90)."""
+    a = 4
+    table = np.full((3, vocab), 1e-9)
+    table[0, [END_ID, a]] = [0.4, 0.6]
+    table[1, [END_ID, a]] = [0.5, 0.5]
+    table[2, END_ID] = 1.0
+    log_table = tf.constant(np.log(table), tf.float32)
+
+    def fn(ids, step, state):
+        logits = tf.gather(log_table, tf.minimum(step, 2))
+        return tf.tile(logits[tf.newaxis], [tf.shape(ids)[0], 1]), state
+
+    return fn
+
+
+def test_length_penalty_changes_the_best_hypothesis():
+    fn = step_dependent_fn()
+    start, state = tf.fill([1], START_ID), tf.zeros([3])
+    raw = decoding.beam_search(fn, start, state, beam_size=3, max_steps=6, alpha=0.0)
+    penalised = decoding.beam_search(fn, start, state, beam_size=3, max_steps=6, alpha=1.0)
+    assert raw.ids.numpy()[0, 0, :3].tolist() == [END_ID, 0, 0]
+    assert penalised.ids.numpy()[0, 0, :3].tolist() == [4, 4, END_ID]
+    np.testing.assert_allclose(raw.scores.numpy()[0, 0], math.log(0.4), rtol=1e-5)
+    np.testing.assert_allclose(penalised.scores.numpy()[0, 0], math.log(0.3) / (8 / 6), rtol=1e-5)
+    assert penalised.lengths.numpy()[0, 0] == 3
+
+
+def test_beam_search_stops_at_max_steps():
+    fn = step_dependent_fn()
+    result = decoding.beam_search(fn, tf.fill([2], START_ID), tf.zeros([4]), beam_size=2, max_steps=1, alpha=0.0)
+    assert result.ids.shape == (2, 2, 1)
+    assert result.ids.numpy()[:, :, 0].tolist() == [[4, END_ID]] * 2  # "a" (.6) ranks above [END] (.4)
+    assert result.lengths.numpy().tolist() == [[1, 1]] * 2
+
+
+def test_greedy_compiles_with_xla_and_matches_graph_mode():
+    model = tiny_model(seed=5)
+    _, src = padded_sources()
+    graph = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
+    xla = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS), jit_compile=True)(src)
+    np.testing.assert_array_equal(xla.ids.numpy(), graph.ids.numpy())
+
+
+def test_early_stopping_keeps_the_best_hypothesis_and_stops_sooner():
+    """Stopping a sentence once its best finished hypothesis cannot be overtaken gives the
+    same best hypothesis (or a better-scored one) as searching until every beam has ended,
+    in no more steps; the result of each sentence is independent of the batch."""
+    calls = {"early": 0, "full": 0}
+    for seed in (4, 6):
+        model = tiny_model(seed=seed)
+        rows, src = padded_sources()
+        limits = tf.constant([12, 6, 20])
+        results = {}
+        for mode in ("early", "full"):
+            counter = []
+            memory, src_mask = model.encode(src)
+            cache = model.init_cache(memory, src_mask, MAX_STEPS)
+            cross = [decoding.tile_beams(c, 4) for c in cache["cross"]]
+            step_fn = decoding.model_step_fn(model, decoding.tile_beams(src_mask, 4), cross)
+
+            def counted(ids, step, state, step_fn=step_fn, counter=counter):
+                counter.append(1)
+                return step_fn(ids, step, state)
+
+            results[mode] = decoding.beam_search(
+                counted, tf.fill([3], START_ID), [decoding.tile_beams(c, 4) for c in cache["self"]], 4, MAX_STEPS,
+                alpha=0.6, max_lengths=limits, early_stop=mode == "early")
+            calls[mode] += len(counter)
+        early, full = results["early"], results["full"]
+        assert np.all(early.scores.numpy()[:, 0] >= full.scores.numpy()[:, 0] - 1e-5)
+        same = (early.ids.numpy()[:, 0] == full.ids.numpy()[:, 0]).all(axis=1)
+        assert same.sum() >= 2, (early.ids.numpy()[:, 0], full.ids.numpy()[:, 0])
+        assert (early.lengths.numpy()[:, 0] <= limits.numpy()).all()
+    assert calls["early"] <= calls["full"]
+
+
+def test_beam_hypotheses_are_well_formed_and_within_their_limits():
+    """Every hypothesis: 1 <= length <= its sentence's limit, [END] at most once and only as
+    its last token, [PAD] after its length; the best one is finished ([END]) or at the limit."""
+    model = tiny_model(seed=7)
+    _, src = padded_sources()
+    limits = np.array([3, 9, 20])
+    result = decoding.beam_translate(model, src, 3, MAX_STEPS, alpha=0.6, max_lengths=tf.constant(limits))
+    ids, lengths = result.ids.numpy(), result.lengths.numpy()
+    for b in range(3):
+        for k in range(3):
+            n = lengths[b, k]
+            assert 1 <= n <= limits[b]
+            assert (ids[b, k, n:] == PAD_ID).all() and (ids[b, k, :n] != PAD_ID).all()
+            assert END_ID not in ids[b, k, : n - 1]
+        assert ids[b, 0, lengths[b, 0] - 1] == END_ID or lengths[b, 0] == limits[b]

@@ -1,0 +1,108 @@
+"""Export: a SavedModel with the tokenizers inside, loadable with only tensorflow + tensorflow_text."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from helpers_translation import BAD_INPUTS, tiny_translator
+
+from transformer.inference.export import export_translator, load_exported
+from transformer.inference.translator import DecodeConfig
+
+SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou."] + BAD_INPUTS
+
+# Runs in a fresh interpreter: only tensorflow and tensorflow_text are imported, and the repo
+# is not on sys.path, so nothing from `transformer` can be used by accident.
+FRESH_PROCESS = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the tokenizer ops
+assert not any(name == "transformer" or name.startswith("transformer.") for name in sys.modules)
+model = tf.saved_model.load(sys.argv[1])
+sentences = json.loads(sys.stdin.read())
+sentences = [s.encode("latin-1") if isinstance(s, str) and s.startswith("\x00bytes:") else s for s in sentences]
+inputs = tf.constant([s[7:] if isinstance(s, bytes) else s.encode() for s in sentences])
+out = model.signatures["serving_default"](sentences=inputs)
+print(json.dumps({"keys": sorted(out), "translations": [t.decode("utf-8") for t in out["translations"].numpy()]}))
+"""
+
+
+def _to_json(sentences):
+    """Bytes (invalid UTF-8) travel as latin-1 text with a marker."""
+    return json.dumps([("\x00bytes:" + s.decode("latin-1")) if isinstance(s, bytes) else s for s in sentences])
+
+
+def _clean_env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    translator = tiny_translator(DecodeConfig(chunk_size=4))
+    path = export_translator(translator, tmp_path_factory.mktemp("export") / "translator")
+    return translator, path
+
+
+def test_fresh_process_with_only_tensorflow_loads_and_matches(exported):
+    translator, path = exported
+    expected = translator.translate(SENTENCES)
+    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(path)], input=_to_json(SENTENCES),
+                            capture_output=True, text=True, timeout=600, cwd=path.parent, env=_clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["keys"] == ["translations"]
+    assert out["translations"] == expected
+    assert len(out["translations"]) == len(SENTENCES)
+
+
+def test_loader_matches_in_memory_translator(exported):
+    translator, path = exported
+    loaded = load_exported(path)
+    assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    texts, lengths = loaded.translate_with_lengths(SENTENCES[:2])
+    assert texts == translator.translate(SENTENCES[:2]) and len(lengths) == 2
+    details = loaded.attention(SENTENCES[:2])
+    assert details["attention"].ndim == 4 and details["translations"].shape == (2,)
+    assert loaded.manifest["decode"]["beam_size"] == 1
+    with pytest.raises(TypeError, match="expected a 1-D batch of strings"):
+        loaded(tf.constant([1, 2]))
+
+
+def test_export_refuses_to_overwrite(exported):
+    translator, path = exported
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export_translator(translator, path)
+
+
+def _saved_model_cli():
+    cli = Path(sys.executable).with_name("saved_model_cli")
+    return [str(cli)] if cli.exists() else [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"]
+
+
+# `saved_model_cli run` must execute the tensorflow_text ops, which the stock CLI never
+# registers (it has no flag to load op libraries): the README runs it through this wrapper.
+CLI_WITH_TF_TEXT = [sys.executable, "-c", "import sys, tensorflow_text; "
+                    "from tensorflow.python.tools.saved_model_cli import main; "
+                    "sys.argv[0] = 'saved_model_cli'; sys.exit(main())"]
+
+
+def test_saved_model_cli_show_and_run(exported):
+    _, path = exported
+    show = subprocess.run(_saved_model_cli() + ["show", "--dir", str(path), "--all"], capture_output=True,
+                          text=True, timeout=300, env=_clean_env())
+    assert show.returncode == 0, show.stderr[-3000:]
+    assert "signature_def['serving_default']" in show.stdout
+    assert "inputs['sentences']" in show.stdout and "outputs['translations']" in show.stdout
+    assert "dtype: DT_STRING" in show.stdout and "shape: (-1)" in show.stdout
+    run = subprocess.run(
+        CLI_WITH_TF_TEXT + ["run", "--dir", str(path), "--tag_set", "serve", "--signature_def", "serving_default",
+                              "--input_exprs", "sentences=['Deus é amor.', '']"],
+        capture_output=True, text=True, timeout=300, env=_clean_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "translations" in run.stdout

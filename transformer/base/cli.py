@@ -1,0 +1,342 @@
+"""Command-line flags shared by the scripts, mapped onto the typed config.
+
+Each `add_*_args` adds one config section's flags; `run_config_from_args` builds the
+`RunConfig` from the parsed namespace. Flags left unset keep the dataclass defaults, so the
+defaults live in one place (transformer/base/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from transformer.base.config import (
+    CorpusSpec,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    RunConfig,
+    TokenizerConfig,
+    TrainConfig,
+    parse_profile_steps,
+)
+from transformer.base.constants import (
+    BUDGET_CLOCKS,
+    CHECKOUT_DIR,
+    CHECKPOINT_CHOICES,
+    DEVICES,
+    HEAD_WIDTHS,
+    LAYER_NORMS,
+    LR_SCHEDULES,
+    PIPELINE_KINDS,
+    PRECISIONS,
+    STRATEGIES,
+    TIE_EMBEDDINGS,
+    XLA_MODES,
+)
+from transformer.base.errors import ArtifactError, ConfigError
+from transformer.base.presets import PRESETS
+from transformer.base.versions import check_versions
+
+
+def quiet_tensorflow() -> None:
+    """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
+            "benchmark_decoding", "compare_reports", "tune_decoding")  # modules of transformer/commands/, each with main(argv)
+
+
+def command_line(name: str, *args: str) -> list[str]:
+    """argv that runs command `name` of *this* checkout in a new Python process (with `subprocess_env`)."""
+    if name not in COMMANDS:
+        raise ValueError(f"unknown command {name!r}; one of {', '.join(COMMANDS)}")
+    return [sys.executable, "-m", f"transformer.commands.{name}", *map(str, args)]
+
+
+def subprocess_env(env: dict | None = None) -> dict:
+    """`env` (default: os.environ) with this checkout first on PYTHONPATH, so a child process
+    imports this package, installed or not, whatever its working directory."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def start() -> None:
+    """What every command does first, before TensorFlow is imported: quiet TensorFlow's start-up
+    chatter, configure logging, and check that TensorFlow and tensorflow-text match (else
+    `error: …` with the pip command that fixes it, exit status 2, through `errors.command`)."""
+    quiet_tensorflow()
+    check_versions()  # VersionMismatchError: `error:`/`hint:`, exit 2 (transformer/base/errors.py `command`)
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset", help=f"TFDS dataset name (default {DataConfig.dataset})")
+    group.add_argument("--tfds-data-dir", help="TFDS data directory (manual downloads go in <dir>/downloads/manual)")
+    group.add_argument("--data", dest="corpora", action="append", type=parse_data_arg, metavar="PATH[:WEIGHT][,...]",
+                       help="local corpus: a directory with train.pt/train.en[/validation.pt/validation.en], or a "
+                            "file-pair prefix PATH (PATH.pt, PATH.en); repeat it or separate with commas to mix "
+                            "several, each with an optional sampling weight (default 1 = once per epoch); "
+                            "validation comes from the first directory that has one")
+    group.add_argument("--train-src", help="training source file (one sentence per line)")
+    group.add_argument("--train-tgt", help="training target file, line-aligned with --train-src")
+    group.add_argument("--val-src", help="validation source file")
+    group.add_argument("--val-tgt", help="validation target file")
+    group.add_argument("--max-train-examples", type=int, help="use only the first N training pairs")
+    group.add_argument("--max-val-examples", type=int, help="use only the first N validation pairs")
+
+
+def parse_data_arg(text: str) -> tuple[CorpusSpec, ...]:
+    """`--data` value → corpus specs: `PATH[:WEIGHT]`, several separated by commas.
+
+    A `:WEIGHT` suffix is read as a weight when it looks like a number; it must be > 0.
+    Raises argparse.ArgumentTypeError (argparse prints `error: argument --data: …`).
+    """
+    specs = []
+    for item in text.split(","):
+        path, weight = item.strip(), 1.0
+        head, sep, tail = path.rpartition(":")
+        if sep and head and not tail.startswith(("/", "\\")):
+            try:
+                weight = float(tail)
+            except ValueError:
+                if Path(path).exists():  # a path with a colon in it
+                    specs.append(CorpusSpec(path))
+                    continue
+                raise argparse.ArgumentTypeError(
+                    f"{text!r}: weight {tail!r} of {head!r} is not a number (PATH[:WEIGHT], e.g. {head}:0.5)") from None
+            path = head
+        if not path:
+            raise argparse.ArgumentTypeError(f"{text!r}: empty corpus path")
+        if not (0 < weight < float("inf")):
+            raise argparse.ArgumentTypeError(f"{text!r}: weight of {path!r} must be a positive number, got {tail}")
+        specs.append(CorpusSpec(path, weight))
+    return tuple(specs)
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """`--eval-at` value: comma-separated fractions in (0, 1), or `end` for none."""
+    if text.strip() == "end":
+        return ()
+    try:
+        fractions = tuple(float(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected fractions such as 0.5,0.8 (or 'end')") from None
+    if any(not 0.0 < f < 1.0 for f in fractions) or list(fractions) != sorted(set(fractions)):
+        raise argparse.ArgumentTypeError(f"{text!r}: fractions must be increasing, each between 0 and 1")
+    return fractions
+
+
+def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tokenizers")
+    group.add_argument("--vocab-size", type=int, help=f"WordPiece vocab size per language (default {TokenizerConfig.vocab_size})")
+    group.add_argument("--cased", dest="lower_case", action="store_false", default=None,
+                       help="keep case and accents (the default recipe)")
+    group.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
+                       help="lower-case and strip accents (the TF tutorial's choice)")
+    group.add_argument("--tokenizers-root", dest="tokenizer_root", help="where built tokenizers go (default tokenizers/)")
+    group.add_argument("--shared-vocab", dest="shared_vocab", action=argparse.BooleanOptionalAction, default=None,
+                       help="one WordPiece vocabulary learned on both languages (--vocab-size in total)")
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--num-layers", type=int)
+    group.add_argument("--d-model", type=int)
+    group.add_argument("--num-heads", type=int)
+    group.add_argument("--dff", type=int)
+    group.add_argument("--dropout", dest="dropout_rate", type=float)
+    group.add_argument("--head-width", choices=HEAD_WIDTHS,
+                       help="tutorial: key_dim = d_model; paper: key_dim = d_model / heads")
+    group.add_argument("--max-length", type=int, help="max tokens per sentence (longer ones are truncated)")
+    group.add_argument("--tie-embeddings", choices=TIE_EMBEDDINGS,
+                       help="output: the output projection is the target embedding transposed; all: also the "
+                            "source embedding (needs --shared-vocab); default none")
+    group.add_argument("--layer-norm", choices=LAYER_NORMS, help="post-norm (default) or pre-norm blocks")
+    group.add_argument("--attention-dropout", type=float, help="dropout on attention weights (default: --dropout)")
+    group.add_argument("--activation-dropout", type=float, help="dropout on the FFN's ReLU outputs (default 0)")
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("input pipeline")
+    group.add_argument("--pipeline", dest="pipeline_kind", choices=PIPELINE_KINDS)
+    group.add_argument("--batch-size", type=int, help="sentences per batch (naive pipeline, or optimized with --max-tokens 0)")
+    group.add_argument("--max-tokens", type=int,
+                       help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
+    group.add_argument("--bucket-width", type=int,
+                       help="padded lengths are multiples of this (optimized pipeline; default 8): smaller = "
+                            "less padding, more distinct shapes (XLA compiles one program per shape)")
+    group.add_argument("--shuffle-buffer", type=int)
+    group.add_argument("--cache", help="'memory' or a file path prefix for tf.data's file cache")
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                       help="named recipe the other flags override (transformer/base/presets.py; default: default)")
+    group.add_argument("--epochs", type=int, help="epochs (default 1; with --time-budget: until the budget is spent)")
+    group.add_argument("--time-budget", dest="time_budget_minutes", type=float, metavar="MINUTES",
+                       help="train until this much time is spent (see --budget-clock), then checkpoint, evaluate and stop")
+    group.add_argument("--budget-clock", choices=BUDGET_CLOCKS,
+                       help="what --time-budget counts: train = training steps only (default); wall = everything "
+                            "from start-up to the final evaluation, so the run ends on time")
+    group.add_argument("--eval-at", type=parse_fractions, metavar="F[,F...]",
+                       help="under --time-budget: validation loss + BLEU at these fractions of the budget, and at "
+                            "the end (default 0.5,0.8; 'end' = only at the end)")
+    group.add_argument("--lr-schedule", choices=LR_SCHEDULES,
+                       help="inverse-sqrt (paper/tutorial) or cosine decay over the planned run / time budget")
+    group.add_argument("--peak-lr", dest="peak_learning_rate", type=float,
+                       help="learning rate at the end of warmup (inverse-sqrt default: (d_model*warmup)^-0.5)")
+    group.add_argument("--bleu-sentences", type=int,
+                       help="validation pairs decoded for BLEU/chrF during training (0 = off)")
+    group.add_argument("--bleu-every-steps", type=int, help="validation BLEU every N steps (default: every epoch)")
+    group.add_argument("--early-stop-patience", type=int,
+                       help="stop after N validation-BLEU evaluations without a new best")
+    group.add_argument("--checkpoint-every-steps", type=int, help="also checkpoint every N steps (for averaging)")
+    group.add_argument("--keep-checkpoints", type=int, help="latest checkpoints kept (default 5)")
+    group.add_argument("--steps-per-epoch", type=int)
+    group.add_argument("--validation-steps", type=int)
+    group.add_argument("--seed", type=int)
+    group.add_argument("--warmup-steps", type=int)
+    group.add_argument("--label-smoothing", type=float)
+    group.add_argument("--device", choices=DEVICES)
+    group.add_argument("--mixed-precision", choices=PRECISIONS,
+                       help="Keras mixed precision (default auto: decided from the device and a short probe, "
+                            "see transformer/runtime/precision.py)")
+    group.add_argument("--xla", nargs="?", const="on", choices=XLA_MODES,
+                       help="jit_compile the train step: --xla (= on), --no-xla (= off), --xla auto (default: "
+                            "on for GPUs with the optimized pipeline, off on CPU)")
+    group.add_argument("--no-xla", dest="xla", action="store_const", const="off", help="same as --xla off")
+    group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
+    group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
+    group.add_argument("--verbose", type=int, choices=[0, 1, 2])
+    group.add_argument("--label", help="name of this run in step-time reports (default: --output's name)")
+    group.add_argument("--no-probe-peak", dest="probe_peak", action="store_false", default=None,
+                       help="skip the ~1 s matmul probe that measures peak FLOP/s for utilisation")
+    group.add_argument("--strategy", choices=STRATEGIES,
+                       help="tf.distribute strategy (default auto: multi-worker if TF_CONFIG has a cluster, "
+                            "mirrored if >1 GPU, else one device); batch flags are per replica")
+    group.add_argument("--backup-every-steps", type=int,
+                       help="back up model + optimizer every N steps (BackupAndRestore); a restarted run resumes there")
+    group.add_argument("--auto-batch", action="store_true", default=None,
+                       help="on out-of-memory, restore the last checkpoint/backup and retry at half the batch")
+    group.add_argument("--auto-batch-floor", type=int,
+                       help="smallest --max-tokens (or --batch-size) --auto-batch goes down to")
+    group.add_argument("--profile-steps", type=_profile_steps, metavar="A:B",
+                       help="profile training steps A..B (1-based, inclusive) into the TensorBoard directory "
+                            "and add a device-time breakdown by op category to report.json")
+
+
+def _profile_steps(text: str) -> str:
+    try:
+        parse_profile_steps(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+XLA_CHOICES = {"on": True, "off": False, "auto": None}  # --xla value → TrainConfig.xla
+
+
+def _pick(args: argparse.Namespace, names: dict[str, str]) -> dict:
+    """{config field: value} for the flags that were given (not None)."""
+    return {field: getattr(args, dest) for field, dest in names.items()
+            if getattr(args, dest, None) is not None}
+
+
+def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None) -> RunConfig:
+    """Overrides `base` (default: the `--preset`, else RunConfig()) with every flag that was given."""
+    base = base or PRESETS[getattr(args, "preset", None) or "default"]
+    data = _pick(args, {f: f for f in DataConfig.__dataclass_fields__})
+    if data.get("corpora"):  # one tuple per --data flag → one tuple
+        data["corpora"] = tuple(spec for specs in data["corpora"] for spec in specs)
+    tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root",
+                             "shared_vocab": "shared_vocab"})
+    model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
+    pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
+                            "shuffle_buffer": "shuffle_buffer", "cache": "cache",
+                            "bucket_width": "bucket_width"})
+    if pipeline.get("max_tokens") == 0:
+        pipeline["max_tokens"] = None
+    train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})
+    if "xla" in train:
+        train["xla"] = XLA_CHOICES[train["xla"]]
+    try:
+        config = base.replace(data=data, tokenizer=tokenizer, model=model, pipeline=pipeline, train=train).validate()
+    except (ValueError, TypeError) as err:  # validate() names the config key; add the flag
+        raise ConfigError(f"{err}{_flag_note(str(err))}") from err
+    if config.train.resume:
+        check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer})
+    return config
+
+
+def resume_conflicts(run_dir: str, given: dict[str, dict]) -> list[tuple[str, object, object]]:
+    """[(section.key, given value, saved value)] where `given` ({section: {key: value}}) contradicts
+    `run_dir`/config.json; [] when there is no saved config yet (a fresh run with --resume)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return []
+    try:
+        saved = RunConfig.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ArtifactError(f"{path} is damaged: {err}",
+                            hint="restore it, or train a new run in another --output") from err
+    return [(f"{section}.{key}", value, getattr(getattr(saved, section), key))
+            for section, values in given.items() for key, value in values.items()
+            if key != "root" and getattr(getattr(saved, section), key) != value]
+
+
+def check_resume_flags(run_dir: str, given: dict[str, dict]) -> None:
+    """ConfigError listing the typed flags that contradict the run's saved config.json (with --resume)."""
+    conflicts = resume_conflicts(run_dir, given)
+    if conflicts:
+        lines = [f"--{_FLAG_NAMES.get(key.split('.')[-1], key.split('.')[-1].replace('_', '-'))} {typed!r} "
+                 f"(the run has {key} = {saved!r})" for key, typed, saved in conflicts]
+        raise ConfigError(f"--resume: {len(lines)} flag(s) contradict {run_dir}/config.json: " + "; ".join(lines),
+                          hint="drop those flags to continue the run as it was, or train a new run in another --output")
+
+
+_FLAG_NAMES = {"dropout_rate": "dropout", "time_budget_minutes": "time-budget", "peak_learning_rate": "peak-lr",
+               "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data"}
+
+
+def _flag_note(message: str) -> str:
+    """" (flag --x)" for the `section.key` a config error message starts with."""
+    key = message.split(" ", 1)[0].split(".")[-1]
+    if not key.isidentifier():
+        return ""
+    return f" (flag --{_FLAG_NAMES.get(key, key.replace('_', '-'))})"
+
+
+def add_decode_args(parser) -> None:
+    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla) to an argparse parser."""
+    defaults = DecodeConfig()
+    group = parser.add_argument_group("decoding")
+    group.add_argument("--beam", type=int, default=defaults.beam_size, help="beam size (1 = greedy)")
+    group.add_argument("--alpha", type=float, default=defaults.alpha, help="GNMT length-penalty exponent (beam search)")
+    group.add_argument("--max-output-ratio", type=float, default=defaults.max_output_ratio,
+                       help="output tokens <= ratio * source tokens + extra")
+    group.add_argument("--max-output-extra", type=int, default=defaults.max_output_extra)
+    group.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="sentences decoded together")
+    group.add_argument("--xla", action=argparse.BooleanOptionalAction, default=defaults.jit_compile,
+                       help="compile the decode loop with XLA")
+
+
+def add_checkpoint_arg(parser) -> None:
+    """Adds --checkpoint: which weights of a training run directory to load."""
+    parser.add_argument("--checkpoint", default=CHECKPOINT_CHOICES[0],
+                        help="for a run directory: latest (default), best (by validation BLEU), averaged "
+                             "(scripts/average_checkpoints.py) or a checkpoint prefix")
+
+
+def decode_config_from_args(args) -> DecodeConfig:
+    """DecodeConfig from the flags of `add_decode_args`."""
+    return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
+                        max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
+                        jit_compile=args.xla).validate()

@@ -1,0 +1,38 @@
+"""Names shared by every layer, without TensorFlow: special token ids and the choice lists.
+
+Each choice tuple is the one definition of what a flag / config field accepts: `config.py`
+validates against it, `cli.py` offers it as argparse `choices`, and the modules that act on
+the choice (devices, distribute, pipeline, schedule, rundir) read it from here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# ---- where things are: this checkout, and the offline corpus shared beside it
+CHECKOUT_DIR = Path(__file__).resolve().parents[2]  # holds transformer/, scripts/, tests/
+SHARED_CORPUS = Path("shared", "data", "bible-pt-en")  # beside the clone: <clone>/../shared/... (read in place)
+SHARED_CORPUS_DIR = CHECKOUT_DIR.parent / SHARED_CORPUS
+
+# ---- special tokens: the first four entries of every vocabulary (tokenizer.py writes them)
+RESERVED_TOKENS = ("[PAD]", "[UNK]", "[START]", "[END]")
+PAD_ID, UNK_ID, START_ID, END_ID = 0, 1, 2, 3
+
+# ---- choice lists
+DEVICES = ("auto", "cpu", "gpu")  # --device
+PRECISION_MODES = ("off", "float16", "bfloat16")  # explicit --mixed-precision values
+PRECISIONS = ("auto", *PRECISION_MODES)  # --mixed-precision (auto: transformer/runtime/precision.py decides)
+XLA_MODES = ("auto", "on", "off")  # --xla
+STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker", "tpu")  # --strategy
+PIPELINE_KINDS = ("optimized", "naive")  # --pipeline
+HEAD_WIDTHS = ("tutorial", "paper")  # --head-width
+TIE_EMBEDDINGS = ("none", "output", "all")  # --tie-embeddings (transformer/model/tied.py)
+LAYER_NORMS = ("post", "pre")  # --layer-norm
+LR_SCHEDULES = ("inverse-sqrt", "cosine")  # --lr-schedule
+BUDGET_CLOCKS = ("train", "wall")  # --budget-clock (transformer/training/budget.py)
+CHECKPOINT_CHOICES = ("latest", "best", "averaged")  # --checkpoint (or an explicit checkpoint prefix)
+
+
+def one_of(choices: tuple) -> str:
+    """"a, b or c" for error messages."""
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]

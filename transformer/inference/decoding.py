@@ -1,0 +1,392 @@
+"""Decoding strategies, kept apart from the model (OpenNMT-tf `utils/decoding.py` style).
+
+A strategy drives a step callback and never reaches into the model:
+
+    symbols_to_logits_fn(ids, step, state) -> (logits, state) or (logits, state, attention)
+        ids:       int32 `[batch]`, the tokens at position `step` (position 0 holds [START]).
+        step:      int32 scalar.
+        state:     nested structure of tensors with a leading batch dimension: the
+                   per-hypothesis decoder state (the self-attention cache). Beam search
+                   gathers it by beam parent every step.
+        logits:    float32 `[batch, vocab]`, the distribution of the token at `step + 1`.
+        attention: optional `[batch, ...]` (e.g. cross-attention `[batch, heads, src_len]`).
+
+Anything that is the same for every hypothesis of a sentence (encoder memory, source mask,
+cross-attention keys/values) is *not* state: the callback closes over it. For beam search it
+is tiled `beam_size` times once, before the loop, and never reordered.
+
+`model_step_fn` builds the callback from the model's cache API (`Transformer.encode`,
+`init_cache`, `decode_step`); `greedy_translate` / `beam_translate` do the whole thing for
+a batch of source ids. `uncached_greedy_decode` is the TF tutorial's Translator design (the
+full model re-run on the whole prefix every step), kept as the speed baseline and as the
+reference that cached decoding must reproduce token for token.
+
+Shapes are static inside the loops: generated ids live in a `[batch, max_steps]` buffer and
+the self-attention cache has a fixed length, so one graph serves every step (and XLA can
+compile it). Generated ids never include [START]; after [END] a row holds [PAD].
+
+Size: over ~350 lines on purpose: greedy, beam search and the uncached reference loop share
+the step-callback contract above; splitting them would separate a strategy from its reference.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import tensorflow as tf
+
+from transformer.base.constants import END_ID, PAD_ID, START_ID
+
+NEG_INF = -1e9
+DEFAULT_FORBIDDEN_IDS = (PAD_ID, START_ID)  # never generated: PAD is masked as a key, START only opens
+
+
+class GreedyResult(NamedTuple):
+    """Output of `greedy_decode` / `greedy_translate`.
+
+    ids: int32 `[batch, max_steps]` generated tokens ([END] included, [PAD] after it).
+    lengths: int32 `[batch]`, generated tokens per row, [END] included.
+    log_probs: float32 `[batch]`, sum of the chosen tokens' log-probabilities.
+    attention: `[batch, max_steps, ...]` per-step callback attention (zeros after [END]),
+        or None unless `return_attention=True`.
+    """
+
+    ids: tf.Tensor
+    lengths: tf.Tensor
+    log_probs: tf.Tensor
+    attention: Optional[tf.Tensor] = None
+
+
+class BeamResult(NamedTuple):
+    """Output of `beam_search` / `beam_translate`; hypotheses best first.
+
+    ids: int32 `[batch, beam_size, max_steps]` ([PAD] after [END]).
+    scores: float32 `[batch, beam_size]`, log_probs / length_penalty(lengths), descending.
+    log_probs: float32 `[batch, beam_size]`.
+    lengths: int32 `[batch, beam_size]`, [END] included.
+    """
+
+    ids: tf.Tensor
+    scores: tf.Tensor
+    log_probs: tf.Tensor
+    lengths: tf.Tensor
+
+
+StepFn = Callable[..., tuple]
+
+
+# ---- the model as a step callback -----------------------------------------------------
+def model_step_fn(model, src_mask: tf.Tensor, cross_cache: list) -> StepFn:
+    """`symbols_to_logits_fn` for a `transformer.model.transformer.Transformer`.
+
+    Args:
+        model: the Transformer (uses `decode_step` only).
+        src_mask: bool `[batch, src_len]`, True at real source tokens.
+        cross_cache: list (one per decoder layer), `model.init_cache(...)["cross"]`.
+            Closed over: never reordered.
+
+    Returns:
+        `fn(ids [batch], step, self_cache) -> (logits [batch, vocab] float32, self_cache,
+        cross_attention [batch, heads, src_len])`, where `self_cache` is the list of
+        fixed-size self-attention caches, leading dimension batch (the state).
+    """
+
+    def symbols_to_logits(ids, step, self_cache):
+        cache = {"self": self_cache, "cross": cross_cache}
+        logits, cache, cross_scores = model.decode_step(ids[:, tf.newaxis], step, src_mask, cache)
+        return logits[:, 0, :], cache["self"], cross_scores[:, :, 0, :]  # [B, V], ..., [B, heads, S]
+
+    return symbols_to_logits
+
+
+def _mask_forbidden(logits: tf.Tensor, forbidden_ids: Sequence[int]) -> tf.Tensor:
+    """Sets the logits of `forbidden_ids` to NEG_INF. `[batch, vocab]` float32 → same."""
+    if not forbidden_ids:
+        return logits
+    vocab = tf.shape(logits)[-1]
+    forbidden = tf.reduce_any(tf.equal(tf.range(vocab)[:, tf.newaxis], tf.constant(list(forbidden_ids))), -1)
+    return tf.where(forbidden[tf.newaxis, :], tf.cast(NEG_INF, logits.dtype), logits)
+
+
+def _write_column(buffer: tf.Tensor, column: tf.Tensor, index) -> tf.Tensor:
+    """`buffer[..., index] = column` for a fixed-size buffer `[..., T]` (static shapes)."""
+    at = tf.equal(tf.range(tf.shape(buffer)[-1]), index)
+    return tf.where(at, column[..., tf.newaxis], buffer)
+
+
+# ---- greedy ----------------------------------------------------------------------------
+def greedy_decode(
+    symbols_to_logits_fn: StepFn,
+    start_ids: tf.Tensor,
+    state,
+    max_steps: int,
+    *,
+    end_id: int = END_ID,
+    max_lengths: Optional[tf.Tensor] = None,
+    forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
+    return_attention: bool = False,
+) -> GreedyResult:
+    """Batched greedy decoding in one `tf.while_loop` over a fixed-size state.
+
+    Args:
+        symbols_to_logits_fn: the step callback (see the module docstring).
+        start_ids: int `[batch]`, the token at position 0 (normally [START]).
+        state: the callback's initial state (e.g. the empty self-attention cache).
+        max_steps: int (Python or scalar tensor). At most this many tokens are generated.
+        end_id: int. A row is finished once it emits this token.
+        max_lengths: optional int `[batch]`: row i is finished after `max_lengths[i]` tokens
+            (bounds decoding by source length).
+        forbidden_ids: token ids never generated. Defaults to [PAD], [START].
+        return_attention: bool. Collect the callback's attention output every step.
+
+    Returns:
+        `GreedyResult`. The loop stops when every row is finished or after `max_steps`.
+
+    Example:
+        >>> fn = model_step_fn(model, src_mask, cache["cross"])
+        >>> result = greedy_decode(fn, tf.fill([4], 2), cache["self"], 20)
+        >>> result.ids.shape  # [4, 20]
+    """
+    start_ids = tf.cast(start_ids, tf.int32)
+    batch = tf.shape(start_ids)[0]
+    ids = tf.fill([batch, max_steps], tf.constant(PAD_ID, tf.int32))
+    finished = tf.zeros([batch], tf.bool)
+    lengths = tf.zeros([batch], tf.int32)
+    log_probs = tf.zeros([batch], tf.float32)
+    # An empty tuple is an empty loop variable when attention is not collected.
+    attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True) if return_attention else ()
+
+    def cond(step, inputs, ids, finished, lengths, log_probs, state, attention):
+        return (step < max_steps) & tf.logical_not(tf.reduce_all(finished))
+
+    def body(step, inputs, ids, finished, lengths, log_probs, state, attention):
+        outputs = symbols_to_logits_fn(inputs, step, state)
+        logits, state = outputs[0], outputs[1]
+        logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [B, V]
+        next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B]
+        next_ids = tf.where(finished, PAD_ID, next_ids)
+        chosen = tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)  # [B]
+        log_probs += tf.where(finished, 0.0, chosen)
+        lengths += tf.cast(tf.logical_not(finished), tf.int32)
+        if return_attention:
+            step_attention = tf.cast(outputs[2], tf.float32)
+            keep = tf.reshape(tf.logical_not(finished), [-1] + [1] * (step_attention.shape.rank - 1))
+            attention = attention.write(step, tf.where(keep, step_attention, 0.0))
+        ids = _write_column(ids, next_ids, step)
+        finished = finished | tf.equal(next_ids, end_id)
+        if max_lengths is not None:
+            finished = finished | (step + 1 >= max_lengths)
+        return step + 1, next_ids, ids, finished, lengths, log_probs, state, attention
+
+    loop_vars = (tf.constant(0), start_ids, ids, finished, lengths, log_probs, state, attention)
+    _, _, ids, _, lengths, log_probs, _, attention = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_steps)
+    if not return_attention:
+        attention = None
+    else:
+        stacked = attention.stack()  # [steps, B, ...]
+        rank = stacked.shape.rank
+        stacked = tf.transpose(stacked, [1, 0] + list(range(2, rank)))  # [B, steps, ...]
+        pad = max_steps - tf.shape(stacked)[1]
+        attention = tf.pad(stacked, [[0, 0], [0, pad]] + [[0, 0]] * (rank - 2))
+    return GreedyResult(ids, lengths, log_probs, attention)
+
+
+# ---- beam search ---------------------------------------------------------------------
+def length_penalty(lengths: tf.Tensor, alpha: float) -> tf.Tensor:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016), float32."""
+    return tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0, alpha)
+
+
+def tile_beams(x: tf.Tensor, beam_size: int) -> tf.Tensor:
+    """`[batch, ...]` → `[batch * beam_size, ...]`, each row repeated beam_size times in place."""
+    return tf.repeat(x, beam_size, axis=0)
+
+
+def gather_beams(x: tf.Tensor, parents: tf.Tensor, batch: tf.Tensor, beam_size: int) -> tf.Tensor:
+    """Reorders `x [batch * beam, ...]` by `parents [batch, beam]` (beam indices) → same shape."""
+    shape = tf.shape(x)
+    grouped = tf.reshape(x, tf.concat([[batch, beam_size], shape[1:]], 0))
+    return tf.reshape(tf.gather(grouped, parents, batch_dims=1), shape)
+
+
+def beam_search(
+    symbols_to_logits_fn: StepFn,
+    start_ids: tf.Tensor,
+    state,
+    beam_size: int,
+    max_steps: int,
+    *,
+    alpha: float = 0.6,
+    end_id: int = END_ID,
+    max_lengths: Optional[tf.Tensor] = None,
+    forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
+    early_stop: bool = True,
+) -> BeamResult:
+    """Beam search with the GNMT length penalty, in one `tf.while_loop`, batched over
+    sentences × beams.
+
+    Candidates are ranked by `log_prob / ((5 + length) / 6) ** alpha`. A finished hypothesis
+    keeps its score: its only continuation is [END] with log-probability 0 and its length
+    stops growing.
+
+    Stopping. Without `early_stop` a sentence is searched until all `beam_size` hypotheses
+    are finished. With it (the default) a sentence stops as soon as its best finished
+    hypothesis cannot be beaten: a live hypothesis's log-probability only falls and its
+    penalty is at most `length_penalty(limit)` (limit: the row's `max_lengths`, else
+    `max_steps`), so when `best finished score >= max live log_prob / length_penalty(limit)`
+    (alpha >= 0) no live hypothesis can overtake it (the bound of tensor2tensor's beam
+    search). The sentence is then frozen: its best hypothesis is final, the others keep
+    whatever they had (possibly unfinished). The loop ends when every sentence has stopped
+    or after `max_steps` tokens. A sentence's result never depends on the other sentences of
+    the batch.
+
+    Args:
+        symbols_to_logits_fn: the step callback; it is called on `batch * beam_size` rows
+            (row `b * beam_size + k` is hypothesis k of sentence b) and must close over
+            inputs already tiled with `tile_beams`.
+        start_ids: int `[batch]`, the token at position 0.
+        state: initial per-hypothesis state, leading dimension `batch * beam_size`. It is
+            gathered by beam parent after every step (`gather_beams`).
+        beam_size: int.
+        max_steps: int. At most this many tokens per hypothesis.
+        alpha: float >= 0. Length-penalty exponent; 0 ranks by raw log-probability.
+            Defaults to 0.6.
+        end_id, max_lengths ([batch]), forbidden_ids: as in `greedy_decode`.
+        early_stop: bool. Stop a sentence once its best hypothesis is final (see above).
+
+    Returns:
+        `BeamResult`, hypotheses sorted best first.
+    """
+    start_ids = tf.cast(start_ids, tf.int32)
+    batch = tf.shape(start_ids)[0]
+    k = beam_size
+    ids = tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32))
+    inputs = tf.reshape(tile_beams(start_ids, k), [batch, k])
+    # Only beam 0 is alive at first, so the k beams do not start as k copies of one hypothesis.
+    log_probs = tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)], tf.float32), [batch, 1])
+    scores = log_probs
+    finished = tf.zeros([batch, k], tf.bool)
+    lengths = tf.zeros([batch, k], tf.int32)
+    stopped = tf.zeros([batch], tf.bool)  # sentences whose best hypothesis is final
+    limits = None if max_lengths is None else tf.cast(max_lengths, tf.int32)[:, tf.newaxis]  # [B, 1]
+    # The largest length penalty a hypothesis of each sentence can reach: [B, 1].
+    longest = tf.fill([batch, 1], tf.cast(max_steps, tf.int32)) if limits is None else tf.minimum(limits, max_steps)
+    max_penalty = length_penalty(longest, alpha)
+    same_beam = tf.tile(tf.range(k)[tf.newaxis], [batch, 1])  # [B, K] identity parents
+
+    def cond(step, inputs, ids, log_probs, scores, finished, lengths, stopped, state):
+        return (step < max_steps) & tf.logical_not(tf.reduce_all(stopped | tf.reduce_all(finished, axis=1)))
+
+    def body(step, inputs, ids, log_probs, scores, finished, lengths, stopped, state):
+        outputs = symbols_to_logits_fn(tf.reshape(inputs, [-1]), step, state)
+        logits, state = outputs[0], outputs[1]
+        logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [B*K, V]
+        vocab = tf.shape(logits)[-1]
+        step_log_probs = tf.reshape(tf.nn.log_softmax(logits), [batch, k, vocab])  # [B, K, V]
+        end_only = tf.where(tf.equal(tf.range(vocab), end_id), 0.0, NEG_INF)  # [V]
+        step_log_probs = tf.where(finished[:, :, tf.newaxis], end_only, step_log_probs)
+        total = log_probs[:, :, tf.newaxis] + step_log_probs  # [B, K, V]
+        new_lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)  # [B, K]
+        candidate_scores = total / length_penalty(new_lengths, alpha)[:, :, tf.newaxis]
+
+        new_scores, flat = tf.math.top_k(tf.reshape(candidate_scores, [batch, k * vocab]), k=k)  # [B, K]
+        parents, tokens = flat // vocab, flat % vocab
+        keep = stopped[:, tf.newaxis]  # [B, 1]: stopped sentences stay as they are
+        parents = tf.where(keep, same_beam, parents)
+        new_log_probs = tf.gather(tf.reshape(total, [batch, k * vocab]), flat, batch_dims=1)
+        was_finished = tf.gather(finished, parents, batch_dims=1)
+        tokens = tf.where(was_finished | keep, PAD_ID, tokens)
+        ids = _write_column(tf.gather(ids, parents, batch_dims=1), tokens, step)
+        scores = tf.where(keep, scores, new_scores)
+        log_probs = tf.where(keep, log_probs, new_log_probs)
+        lengths = tf.where(keep, lengths, tf.gather(new_lengths, parents, batch_dims=1))
+        finished = tf.where(keep, finished, was_finished | tf.equal(tokens, end_id))
+        if limits is not None:
+            finished = finished | (step + 1 >= limits)
+        if early_stop:
+            best_finished = tf.reduce_max(tf.where(finished, scores, NEG_INF), axis=1)  # [B]
+            best_alive = tf.reduce_max(tf.where(finished, NEG_INF, log_probs) / max_penalty, axis=1)
+            stopped = stopped | (tf.reduce_any(finished, axis=1) & (best_finished >= best_alive))
+        state = tf.nest.map_structure(lambda s: gather_beams(s, parents, batch, k), state)
+        return step + 1, tokens, ids, log_probs, scores, finished, lengths, stopped, state
+
+    loop_vars = (tf.constant(0), inputs, ids, log_probs, scores, finished, lengths, stopped, state)
+    _, _, ids, log_probs, scores, _, lengths, _, _ = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_steps)
+    return BeamResult(ids, scores, log_probs, lengths)
+
+
+# ---- whole-model helpers -------------------------------------------------------------
+def cache_length(model, max_steps) -> tf.Tensor:
+    """Self-attention cache positions needed for `max_steps` generated tokens (≤ max_length)."""
+    return tf.minimum(max_steps, model.config.max_length)
+
+
+def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, return_attention: bool = False,
+                     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS) -> GreedyResult:
+    """Cached greedy decoding of `src_ids [batch, src_len]` (pad 0): encoder once, one token per step.
+
+    `max_steps` must be ≤ `model.config.max_length` (positions 0 … max_steps-1 are fed).
+    With `return_attention`, `attention` is the last decoder layer's cross-attention
+    `[batch, max_steps, heads, src_len]`.
+    """
+    memory, src_mask = model.encode(src_ids, training=False)
+    cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
+    step_fn = model_step_fn(model, src_mask, cache["cross"])
+    start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
+    return greedy_decode(step_fn, start, cache["self"], max_steps, max_lengths=max_lengths,
+                         forbidden_ids=forbidden_ids, return_attention=return_attention)
+
+
+def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alpha: float = 0.6,
+                   max_lengths=None, forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS) -> BeamResult:
+    """Beam search for `src_ids [batch, src_len]`.
+
+    The encoder runs once on `batch` rows; its mask and the cross-attention keys/values are
+    tiled `beam_size` times here, once, and never reordered. Only the self-attention cache
+    (the state) follows the beam parents.
+    """
+    memory, src_mask = model.encode(src_ids, training=False)
+    cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
+    tiled = {}  # layers may share one cross cache tensor (the memory itself): tile it once
+    cross = [tiled.setdefault(id(c), tile_beams(c, beam_size)) for c in cache["cross"]]  # [B*K, ...]
+    self_cache = [tile_beams(c, beam_size) for c in cache["self"]]  # zeros
+    step_fn = model_step_fn(model, tile_beams(src_mask, beam_size), cross)
+    start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
+    return beam_search(step_fn, start, self_cache, beam_size, max_steps, alpha=alpha,
+                       max_lengths=max_lengths, forbidden_ids=forbidden_ids)
+
+
+def uncached_greedy_decode(model, src_ids: tf.Tensor, max_steps, *, end_id: int = END_ID,
+                           forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS) -> tf.Tensor:
+    """The TF tutorial Translator's loop: no cache, the full model re-run on the whole prefix.
+
+    Every step runs the encoder *and* the decoder over all tokens so far and keeps only the
+    last position's logits; the output grows by one column per step. Meant for batch 1 (the
+    tutorial's use), where it stops at [END]; with a larger batch it stops when every row
+    has ended. Baseline for `scripts/benchmark_decoding.py` and the reference for the
+    cached == uncached test.
+
+    Returns:
+        int32 `[batch, steps]` generated ids ([END] included, [PAD] after it), steps ≤ max_steps.
+    """
+    batch = tf.shape(src_ids)[0]
+    output = tf.fill([batch, 1], tf.constant(START_ID, tf.int32))
+    finished = tf.zeros([batch], tf.bool)
+
+    def cond(step, output, finished):
+        return (step < max_steps) & tf.logical_not(tf.reduce_all(finished))
+
+    def body(step, output, finished):
+        logits = model((src_ids, output), training=False)[:, -1, :]  # [B, V]
+        next_ids = tf.argmax(_mask_forbidden(logits, forbidden_ids), axis=-1, output_type=tf.int32)
+        next_ids = tf.where(finished, PAD_ID, next_ids)
+        output = tf.concat([output, next_ids[:, tf.newaxis]], axis=1)
+        return step + 1, output, finished | tf.equal(next_ids, end_id)
+
+    _, output, _ = tf.while_loop(
+        cond, body, (tf.constant(0), output, finished),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, None]), tf.TensorShape([None])),
+        maximum_iterations=max_steps)
+    return output[:, 1:]

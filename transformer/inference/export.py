@@ -1,0 +1,150 @@
+"""Export a Translator as a self-contained SavedModel, and load one back.
+
+Signatures of an exported model (inputs and outputs are named):
+
+    serving_default:  {"sentences": tf.string [batch]} → {"translations": tf.string [batch]}
+    attention:        {"sentences": tf.string [batch]} → {"translations", "source_tokens",
+                      "source_lengths", "target_ids", "target_tokens", "target_lengths",
+                      "attention" [batch, heads, steps, src_len]}   (see Translator.serve_attention)
+
+The tokenizers travel inside (their vocabularies are SavedModel assets), so loading needs
+only `import tensorflow, tensorflow_text` — tensorflow_text registers the tokenizer ops:
+
+    import tensorflow as tf, tensorflow_text  # noqa: F401
+    translate = tf.saved_model.load(path).signatures["serving_default"]
+    translate(sentences=tf.constant(["olá mundo"]))["translations"]
+
+The directory also holds `translator.json` (decode config, model config, versions). The
+SavedModel is written to a temporary sibling and renamed into place, so a failed export
+never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (registers the tokenizer ops for loading)
+
+from transformer.base import atomic
+from transformer.base.errors import MissingFileError, OutputExistsError
+from transformer.inference.rundir import is_run_dir, translator_from_run
+from transformer.inference.translator import DecodeConfig, as_string_batch
+from transformer.runtime.artifacts import EXPORT_HINT, load_saved_model
+
+SERVING_SIGNATURE = "serving_default"
+ATTENTION_SIGNATURE = "attention"
+INPUT_KEY = "sentences"
+OUTPUT_KEY = "translations"
+MANIFEST = "translator.json"
+
+
+def export_translator(translator, path: str | Path, *, overwrite: bool = False, extra: Optional[dict] = None) -> Path:
+    """Writes `translator` (a `transformer.inference.translator.Translator`) as a SavedModel at `path`.
+
+    Args:
+        translator: the Translator; its DecodeConfig (beam size, XLA, …) is baked in.
+        path: output directory.
+        overwrite: bool. Replace an existing directory. Defaults to False (error).
+        extra: optional dict added to translator.json (e.g. the run directory).
+
+    Returns:
+        The export directory.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it",
+                                hint="scripts/export.py --overwrite replaces it, or choose another --output")
+    with atomic.staged_directory(path) as staging:
+        signatures = {
+            SERVING_SIGNATURE: translator.serve.get_concrete_function(),
+            ATTENTION_SIGNATURE: translator.serve_attention.get_concrete_function(),
+        }
+        # Track the raw tf.Variables the signatures capture (Keras 3 wraps them), as Keras'
+        # ExportArchive does: without this, TF1-style loaders (`saved_model_cli run`, TF
+        # Serving) fail with "Could not find variable …" (keras-team/keras#20095).
+        translator._exported_variables = _captured_variables(signatures.values())
+        tf.saved_model.save(translator, str(staging), signatures=signatures)
+        manifest = {
+            "signatures": {
+                SERVING_SIGNATURE: {"inputs": {INPUT_KEY: "tf.string [batch]"},
+                                    "outputs": {OUTPUT_KEY: "tf.string [batch]"}},
+                ATTENTION_SIGNATURE: {"inputs": {INPUT_KEY: "tf.string [batch]"},
+                                      "outputs": sorted(signatures[ATTENTION_SIGNATURE].structured_outputs)},
+            },
+            "decode": translator.config.to_dict(),
+            "model": {k: getattr(translator.model.config, k) for k in translator.model.config.__dataclass_fields__},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "tensorflow": tf.__version__,
+            "tensorflow_text": tensorflow_text.__version__,
+            **(extra or {}),
+        }
+        atomic.write_json(staging / MANIFEST, manifest)
+    return path
+
+
+def _captured_variables(concrete_functions) -> list:
+    seen, variables = set(), []
+    for fn in concrete_functions:
+        for v in fn.variables:
+            if id(v) not in seen:
+                seen.add(id(v))
+                variables.append(v)
+    return variables
+
+
+class ExportedTranslator:
+    """A loaded export with the Translator's Python conveniences.
+
+    translate(list of str) → list of str;  attention(list of str) → dict of numpy arrays.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not (self.path / "saved_model.pb").is_file():
+            raise MissingFileError(f"no SavedModel at {self.path} (expected {self.path / 'saved_model.pb'})",
+                                   hint=EXPORT_HINT.format(path=self.path))
+        self.module = load_saved_model(self.path, f"export {self.path}", EXPORT_HINT.format(path=self.path))
+        self.serving = self.module.signatures[SERVING_SIGNATURE]
+        self.attention_signature = self.module.signatures[ATTENTION_SIGNATURE]
+        manifest = self.path / MANIFEST
+        self.manifest = json.loads(manifest.read_text()) if manifest.is_file() else {}
+
+    def __call__(self, sentences) -> tf.Tensor:
+        return self.serving(**{INPUT_KEY: as_string_batch(sentences)})[OUTPUT_KEY]
+
+    def translate(self, sentences) -> list[str]:
+        return [t.decode("utf-8", "replace") for t in self(sentences).numpy()]
+
+    def translate_with_lengths(self, sentences) -> tuple[list[str], np.ndarray]:
+        """(translations, generated target tokens per sentence, [END] included)."""
+        out = self.module.translate_lengths(as_string_batch(sentences))
+        return [t.decode("utf-8", "replace") for t in out["translations"].numpy()], out["num_tokens"].numpy()
+
+    def attention(self, sentences) -> dict[str, np.ndarray]:
+        return {k: v.numpy() for k, v in self.attention_signature(**{INPUT_KEY: as_string_batch(sentences)}).items()}
+
+
+def load_exported(path: str | Path) -> ExportedTranslator:
+    """Loads an export written by `export_translator`."""
+    return ExportedTranslator(path)
+
+
+def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest"):
+    """A Translator (run directory) or an ExportedTranslator (SavedModel) for `path`.
+
+    Both have `translate`, `translate_with_lengths` and `attention`. `config` applies to run
+    directories only: an export decodes as it was exported.
+    """
+    path = Path(path)
+    if (path / "saved_model.pb").is_file():
+        return load_exported(path)
+    if is_run_dir(path):
+        return translator_from_run(path, config, checkpoint)
+    raise MissingFileError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
+                           "directory (config.json + checkpoints/)",
+                           hint="--model takes a training run's --output directory or scripts/export.py's --output")

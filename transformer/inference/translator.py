@@ -1,0 +1,241 @@
+"""Translator: Portuguese strings in, English strings out (a `tf.Module`, exportable).
+
+    translator = Translator(tokenizers, model)                  # greedy, cached
+    translator(["olá mundo", "bom dia"])                        # → tf.string [2]
+    translator.translate(sentences)                             # → list[str]
+    translator.attention(["olá mundo"])                         # tokens + cross-attention
+
+What one call does, all in one TensorFlow graph (so the SavedModel does the same):
+  1. sanitise: invalid UTF-8 is replaced by U+FFFD (`unicode_transcode(errors="replace")`);
+  2. tokenize with the source WordPiece tokenizer; keep at most `max_length` ids per source
+     ([START] + the first `max_length - 2` tokens + [END]; longer inputs, e.g. a
+     10,000-character line, are truncated — the model has no positions beyond that);
+  3. sort the batch by source length and decode it in chunks of `chunk_size` sentences
+     (cached greedy or beam search, transformer/inference/decoding.py); a sentence's output is bounded
+     by `min(max_length, ceil(max_output_ratio * source_tokens) + max_output_extra)` tokens;
+  4. detokenize and put the translations back in input order. A row whose source has no
+     tokens (empty or whitespace-only input) gets an empty translation.
+Any string content gives one output row per input row. Only a wrong dtype or rank is an
+error; from Python (`__call__`, `translate`) it is a TypeError/ValueError saying what was
+expected.
+
+With `jit_compile=True` the decode loop (encoder, cache and the whole while loop) is
+compiled by XLA. Batches are padded to a few shapes first (batch 1, 4, 16, 64 … up to chunk_size;
+source length a multiple of `length_bucket`) so XLA compiles a bounded number of programs;
+each new shape costs one compilation (seconds) on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from transformer.base.config import DecodeConfig
+from transformer.base.constants import END_ID, PAD_ID, START_ID
+from transformer.inference import decoding
+
+SENTENCES_SPEC = tf.TensorSpec([None], tf.string, name="sentences")
+
+
+def as_string_batch(sentences) -> tf.Tensor:
+    """Python input → `[batch]` tf.string tensor, or a TypeError/ValueError naming what was expected."""
+    expected = "a 1-D batch of strings (list of str, or a tf.string tensor of shape [batch])"
+    if isinstance(sentences, (str, bytes)):
+        raise ValueError(f"expected {expected}; got a single {type(sentences).__name__} — wrap it in a list")
+    if isinstance(sentences, (list, tuple)) and not all(isinstance(s, (str, bytes)) for s in sentences):
+        bad = next(s for s in sentences if not isinstance(s, (str, bytes)))
+        if isinstance(bad, (list, tuple)):
+            raise ValueError(f"expected {expected}; got a nested list (rank ≥ 2)")
+        raise TypeError(f"expected {expected}; got an element of type {type(bad).__name__}: {bad!r}")
+    if isinstance(sentences, (list, tuple)) and not sentences:
+        return tf.zeros([0], tf.string)
+    try:
+        tensor = tf.convert_to_tensor(sentences)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"expected {expected}; got {type(sentences).__name__} ({err})") from None
+    if tensor.dtype != tf.string:
+        raise TypeError(f"expected {expected}; got dtype {tensor.dtype.name}")
+    if tensor.shape.rank != 1:
+        raise ValueError(f"expected {expected}; got rank {tensor.shape.rank} with shape {tensor.shape}")
+    return tensor
+
+
+def _round_up(x: tf.Tensor, multiple: int) -> tf.Tensor:
+    return (x + multiple - 1) // multiple * multiple
+
+
+class Translator(tf.Module):
+    """Tokenizers + Transformer + a decoding strategy.
+
+    Args:
+        tokenizers: the `PairTokenizers` module (`.src.tokenize`, `.tgt.detokenize`, `.lookup`).
+        model: a built `transformer.model.transformer.Transformer` with trained weights.
+        config: `DecodeConfig`. Defaults to cached greedy without XLA.
+
+    Call arguments (`__call__`, `translate_strings`):
+        sentences: `[batch]` tf.string (or a list of str from Python).
+
+    Returns:
+        `[batch]` tf.string translations (`translate` returns a list of str).
+    """
+
+    def __init__(self, tokenizers, model, config: DecodeConfig = DecodeConfig(), name=None):
+        super().__init__(name=name)
+        self.tokenizers = tokenizers
+        self.model = model
+        self.config = config.validate()
+        self.max_length = int(model.config.max_length)
+        if self.max_length < 3:
+            raise ValueError(f"model max_length must be >= 3, got {self.max_length}")
+        src_vocab, tgt_vocab = int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size())
+        if (src_vocab, tgt_vocab) != (model.config.src_vocab_size, model.config.tgt_vocab_size):
+            raise ValueError(
+                f"tokenizer vocab sizes (src {src_vocab}, tgt {tgt_vocab}) do not match the model's "
+                f"(src {model.config.src_vocab_size}, tgt {model.config.tgt_vocab_size})")
+        self._decode_ids = tf.function(self._decode_ids_impl, jit_compile=config.jit_compile)
+
+    def with_config(self, **changes) -> "Translator":
+        """A Translator sharing this one's model and tokenizers with some DecodeConfig fields changed."""
+        return Translator(self.tokenizers, self.model, dataclasses.replace(self.config, **changes))
+
+    # ---- Python API ------------------------------------------------------------------
+    def __call__(self, sentences) -> tf.Tensor:
+        """`[batch]` strings → `[batch]` tf.string translations (validates dtype and rank)."""
+        return self.translate_strings(as_string_batch(sentences))
+
+    def translate(self, sentences) -> list[str]:
+        """Like `__call__`, returning a list of Python str."""
+        return [t.decode("utf-8", "replace") for t in self(sentences).numpy()]
+
+    def translate_with_lengths(self, sentences) -> tuple[list[str], np.ndarray]:
+        """(translations, generated target tokens per sentence, [END] included)."""
+        out = self.translate_lengths(as_string_batch(sentences))
+        return [t.decode("utf-8", "replace") for t in out["translations"].numpy()], out["num_tokens"].numpy()
+
+    def attention(self, sentences) -> dict:
+        """`serve_attention` on validated Python input → dict of numpy arrays."""
+        return {k: v.numpy() for k, v in self.serve_attention(as_string_batch(sentences)).items()}
+
+    # ---- graph functions (saved with an export) ----------------------------------------
+    @tf.function(input_signature=[SENTENCES_SPEC])
+    def translate_strings(self, sentences):
+        return self._translate(sentences)["translations"]
+
+    @tf.function(input_signature=[SENTENCES_SPEC])
+    def translate_lengths(self, sentences):
+        """→ {"translations": [batch] tf.string, "num_tokens": [batch] int32}."""
+        return self._translate(sentences)
+
+    @tf.function(input_signature=[SENTENCES_SPEC])
+    def serve(self, sentences):
+        """The `serving_default` signature: {"translations": [batch] tf.string}."""
+        return {"translations": self._translate(sentences)["translations"]}
+
+    @tf.function(input_signature=[SENTENCES_SPEC])
+    def serve_attention(self, sentences):
+        """Greedy translation with tokens and cross-attention, for plots (no chunking, no XLA).
+
+        Returns a dict:
+            translations: `[batch]` tf.string.
+            source_tokens: `[batch, src_len]` tf.string wordpieces ([START] … [END], "[PAD]" after).
+            source_lengths: `[batch]` int32.
+            target_ids: `[batch, steps]` int32 generated ids ([END] included, 0 after).
+            target_tokens: `[batch, steps]` tf.string.
+            target_lengths: `[batch]` int32.
+            attention: `[batch, heads, steps, src_len]` float32, last decoder layer's
+                cross-attention while generating each target token.
+        """
+        src, has_tokens = self.source_ids(sentences)
+        src_ids = src.to_tensor()  # [B, S]
+        result = decoding.greedy_translate(self.model, tf.cast(src_ids, tf.int32), self._max_steps(tf.shape(src_ids)[1]),
+                                           max_lengths=self._row_limits(src_ids), return_attention=True)
+        ids = result.ids
+        lengths = tf.where(has_tokens, result.lengths, 0)
+        ids = tf.where(tf.range(tf.shape(ids)[1])[tf.newaxis] < lengths[:, tf.newaxis], ids, PAD_ID)
+        return {
+            "translations": tf.where(has_tokens, self.detokenize(ids), ""),
+            "source_tokens": self.tokenizers.src.lookup(src_ids),
+            "source_lengths": tf.cast(src.row_lengths(), tf.int32),
+            "target_ids": ids,
+            "target_tokens": self.tokenizers.tgt.lookup(tf.cast(ids, tf.int64)),
+            "target_lengths": lengths,
+            "attention": tf.transpose(result.attention, [0, 2, 1, 3]),  # [B, heads, T, S]
+        }
+
+    # ---- the pipeline ------------------------------------------------------------------
+    def source_ids(self, sentences):
+        """`[batch]` strings → (ragged int64 `[batch, (src_len)]` ≤ max_length, has_tokens bool `[batch]`)."""
+        text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace",
+                                            replacement_char=0xFFFD)
+        ids = self.tokenizers.src.tokenize(text)  # [B, (S)] with [START] … [END]
+        body = ids[:, 1:-1][:, : self.max_length - 2]
+        batch = tf.shape(sentences, out_type=tf.int64)[0]
+        start = tf.fill([batch, 1], tf.constant(START_ID, tf.int64))
+        end = tf.fill([batch, 1], tf.constant(END_ID, tf.int64))
+        return tf.concat([start, body, end], axis=1), body.row_lengths() > 0
+
+    def _translate(self, sentences):
+        """Sort by length → decode chunk by chunk → scatter back to input order."""
+        src, has_tokens = self.source_ids(sentences)
+        n = tf.shape(sentences)[0]
+        order = tf.argsort(tf.cast(src.row_lengths(), tf.int32), stable=True)
+        chunk = self.config.chunk_size
+        num_chunks = (n + chunk - 1) // chunk
+        translations = tf.fill([n], "")
+        num_tokens = tf.zeros([n], tf.int32)
+
+        def body(i, translations, num_tokens):
+            rows = order[i * chunk: tf.minimum((i + 1) * chunk, n)]  # [b]
+            src_ids = tf.cast(tf.gather(src, rows).to_tensor(), tf.int32)  # [b, S]
+            ids, lengths = self._decode_chunk(src_ids)
+            rows = rows[:, tf.newaxis]
+            translations = tf.tensor_scatter_nd_update(translations, rows, self.detokenize(ids))
+            num_tokens = tf.tensor_scatter_nd_update(num_tokens, rows, lengths)
+            return i + 1, translations, num_tokens
+
+        _, translations, num_tokens = tf.while_loop(
+            lambda i, *_: i < num_chunks, body, (tf.constant(0), translations, num_tokens))
+        return {"translations": tf.where(has_tokens, translations, ""),
+                "num_tokens": tf.where(has_tokens, num_tokens, 0)}
+
+    def _decode_chunk(self, src_ids):
+        """`[b, S]` int32 → (ids `[b, T]` int32, lengths `[b]` int32); pads shapes for XLA."""
+        if not self.config.jit_compile:
+            return self._decode_ids(src_ids)
+        b, length = tf.shape(src_ids)[0], tf.shape(src_ids)[1]
+        sizes = sorted({min(4 ** i, self.config.chunk_size) for i in range(12)})  # 1, 4, 16, 64, …, chunk
+        padded_b = tf.gather(sizes, tf.reduce_sum(tf.cast(tf.constant(sizes) < b, tf.int32)))
+        padded_len = tf.minimum(_round_up(length, self.config.length_bucket), self.max_length)
+        padded_len = tf.maximum(padded_len, length)
+        src_ids = tf.pad(src_ids, [[0, padded_b - b], [0, padded_len - length]])
+        ids, lengths = self._decode_ids(src_ids)
+        return ids[:b], lengths[:b]
+
+    def _decode_ids_impl(self, src_ids):
+        """`[B, S]` int32 source ids → (best ids `[B, T]` int32, lengths `[B]` int32)."""
+        max_steps = self._max_steps(tf.shape(src_ids)[1])
+        limits = self._row_limits(src_ids)
+        if self.config.beam_size == 1:
+            result = decoding.greedy_translate(self.model, src_ids, max_steps, max_lengths=limits)
+            return result.ids, result.lengths
+        result = decoding.beam_translate(self.model, src_ids, self.config.beam_size, max_steps,
+                                         alpha=self.config.alpha, max_lengths=limits)
+        return result.ids[:, 0], result.lengths[:, 0]
+
+    def _output_bound(self, source_tokens):
+        """Most tokens generated for `source_tokens` (without [START]/[END]) source tokens."""
+        ratio, extra = self.config.max_output_ratio, self.config.max_output_extra
+        bound = tf.cast(tf.math.ceil(ratio * tf.cast(source_tokens, tf.float32)), tf.int32) + extra
+        return tf.clip_by_value(bound, 1, self.max_length)
+
+    def _max_steps(self, src_len):
+        return self._output_bound(src_len - 2)
+
+    def _row_limits(self, src_ids):
+        return self._output_bound(tf.reduce_sum(tf.cast(tf.not_equal(src_ids, PAD_ID), tf.int32), axis=1) - 2)
+
+    def detokenize(self, ids):
+        """`[B, T]` int32 ids → `[B]` tf.string (reserved tokens dropped)."""
+        return self.tokenizers.tgt.detokenize(tf.cast(ids, tf.int64))

@@ -1,0 +1,67 @@
+"""What machine and software a measurement ran on (the step-time report's `environment`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from importlib import metadata
+from typing import Optional
+
+import numpy as np
+import psutil
+
+from transformer.runtime.precision import cpu_facts
+
+
+def _package_version(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_smi() -> Optional[str]:
+    """`nvidia-smi` output, or None when the binary is absent or fails."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    try:
+        done = subprocess.run([binary], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"nvidia-smi failed: {err}"
+    return done.stdout or done.stderr
+
+
+def capture_environment() -> dict:
+    """Versions, device, CPU and host of this process (JSON-ready)."""
+    import keras
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    device = "CPU"
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        device = details.get("device_name", gpus[0].name)
+    build = tf.sysconfig.get_build_info()
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "tensorflow_text": _package_version("tensorflow-text"),
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "device": device,
+        "gpu_count": len(gpus),
+        "cuda_build": build.get("cuda_version"),
+        "cudnn_build": build.get("cudnn_version"),
+        "cpu_model": cpu_facts()[0],
+        "cpu_count_logical": psutil.cpu_count(logical=True),
+        "cpu_count_physical": psutil.cpu_count(logical=False),
+        "cpu_count_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "nvidia_smi": _nvidia_smi(),
+    }

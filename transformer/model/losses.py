@@ -1,0 +1,85 @@
+"""Masked sequence loss and accuracy: padding (id 0) never counts.
+
+Both expect `y_true [batch, tgt_len]` int ids and `y_pred [batch, tgt_len, vocab]` float32
+logits. The loss is the mean over *non-pad target tokens* of the batch (not a mean of
+per-sentence means), with optional label smoothing.
+
+Under a tf.distribute strategy with several replicas, "the batch" is the *global* batch:
+each replica returns (its sum of token losses) / (non-pad tokens of all replicas), the
+count being all-reduced across replicas (`_global_sum`). Keras 3 then sums the replicas'
+gradients (`TFOptimizer._all_reduce_sum_gradients`), which gives exactly the one-device
+gradient of the global batch; a mean of per-replica means would weight a replica's tokens
+by 1 / its own token count and scale the gradient by the number of replicas.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from transformer.base.constants import PAD_ID
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class MaskedSparseCrossEntropy(keras.losses.Loss):
+    """Token-level cross-entropy over non-pad targets, optionally label-smoothed.
+
+    Args:
+        label_smoothing: float in [0, 1). Mass spread uniformly over the vocabulary.
+
+    Returns (call): scalar float32, sum of token losses / number of non-pad tokens (of
+    all replicas in sync, see the module docstring).
+    """
+
+    def __init__(self, label_smoothing: float = 0.0, name: str = "masked_cross_entropy", **kwargs):
+        # `call` already reduces to the token mean; "sum" of that scalar leaves it unchanged.
+        # A saved config carries `reduction` too: drop it so `from_config` works.
+        kwargs.pop("reduction", None)
+        super().__init__(name=name, reduction="sum", **kwargs)
+        self.label_smoothing = label_smoothing
+
+    def call(self, y_true, y_pred):
+        y_true = tf.cast(y_true, tf.int32)
+        logits = tf.cast(y_pred, tf.float32)
+        mask = tf.cast(tf.not_equal(y_true, PAD_ID), tf.float32)
+        if self.label_smoothing:
+            vocab = tf.shape(logits)[-1]
+            smooth = self.label_smoothing
+            targets = tf.one_hot(y_true, vocab, on_value=1.0 - smooth + smooth / tf.cast(vocab, tf.float32),
+                                 off_value=smooth / tf.cast(vocab, tf.float32))
+            token_loss = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
+        else:
+            token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(y_true, logits)
+        return tf.reduce_sum(token_loss * mask) / tf.maximum(_global_sum(tf.reduce_sum(mask)), 1.0)
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def _global_sum(value: tf.Tensor) -> tf.Tensor:
+    """`value` summed over the replicas in sync; `value` itself with one replica or outside `strategy.run`."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class MaskedAccuracy(keras.metrics.Metric):
+    """Fraction of non-pad target tokens whose argmax prediction is right, over all batches seen."""
+
+    def __init__(self, name: str = "masked_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.correct = self.add_variable(shape=(), initializer="zeros", name="correct", dtype="float32")
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total", dtype="float32")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = tf.cast(y_true, tf.int32)
+        predicted = tf.argmax(y_pred, axis=-1, output_type=tf.int32)
+        mask = tf.not_equal(y_true, PAD_ID)
+        hits = tf.logical_and(tf.equal(predicted, y_true), mask)
+        self.correct.assign_add(tf.reduce_sum(tf.cast(hits, tf.float32)))
+        self.total.assign_add(tf.reduce_sum(tf.cast(mask, tf.float32)))
+
+    def result(self):
+        return self.correct / tf.maximum(self.total, 1.0)

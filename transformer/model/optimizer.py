@@ -1,0 +1,84 @@
+"""What a run trains with: the learning-rate schedule, Adam, the masked loss and accuracy."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from transformer.base.config import RunConfig
+from transformer.model.losses import MaskedAccuracy, MaskedSparseCrossEntropy
+from transformer.model.schedule import WarmupCosine, WarmupInverseSqrt
+from transformer.model.transformer import Transformer
+
+
+def make_schedule(config: RunConfig, d_model: int, progress: Optional[tf.Variable] = None,
+                  total_steps: Optional[int] = None) -> keras.optimizers.schedules.LearningRateSchedule:
+    """The learning-rate schedule of `config.train` (see transformer/model/schedule.py).
+
+    The cosine schedule decays over the planned run: `progress` (a time budget's fraction
+    spent, from `budget.TrainingClock`) when there is a budget, else `total_steps`.
+    """
+    train_config = config.train
+    if train_config.lr_schedule == "inverse-sqrt":
+        return WarmupInverseSqrt(d_model, train_config.warmup_steps, train_config.peak_learning_rate)
+    if train_config.time_budget_minutes is not None:
+        return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, progress=progress)
+    if total_steps is None:
+        raise ValueError("the cosine schedule needs the planned length: give --time-budget or --steps-per-epoch")
+    return WarmupCosine(train_config.peak_learning_rate, train_config.warmup_steps, total_steps=total_steps)
+
+
+@keras.saving.register_keras_serializable(package="transformer")
+class FusedAdam(keras.optimizers.Adam):
+    """Keras' Adam, each dense-gradient variable updated by one fused kernel (`ResourceApplyAdam`).
+
+    Same update, same state (`m`, `v`) and checkpoint layout as `keras.optimizers.Adam`:
+    m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², θ ← θ − lr·√(1−β₂ᵗ)/(1−β₁ᵗ)·m/(√v + ε). Keras
+    runs it as ~10 element-wise ops per variable, each a pass over memory; the fused kernel
+    makes one pass (2.5x faster on 11.6 M parameters, README *Where the time goes*).
+    Sparse (IndexedSlices) gradients, the embeddings', keep Keras' own update: Keras 3 squares
+    the slices of a token seen several times in a batch before summing them (Σg², not
+    (Σg)²), and the default recipe's learning rate was tuned with that (the fused update on
+    embeddings measured −4.3 BLEU at 1,600 steps, docs/recipes.md).
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        index = self._get_variable_index(variable)
+        momentum, velocity = self._momentums[index], self._velocities[index]
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        tf.raw_ops.ResourceApplyAdam(
+            var=_handle(variable), m=_handle(momentum), v=_handle(velocity),
+            beta1_power=tf.pow(beta_1, step), beta2_power=tf.pow(beta_2, step),
+            lr=tf.cast(learning_rate, dtype), beta1=beta_1, beta2=beta_2, epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype), use_locking=False)
+
+
+def _handle(variable):
+    """The resource handle of a Keras or tf variable (per-device component inside a strategy's update)."""
+    return variable.value.handle if isinstance(variable, keras.Variable) else variable.handle
+
+
+def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras.optimizers.Optimizer:
+    """`FusedAdam`(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA.
+
+    Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
+    variables are created here so a checkpoint can restore them before the first step.
+    Call it under the strategy's scope, as `build_model`.
+    """
+    if schedule is None:
+        schedule = make_schedule(config, model.config.d_model)
+    optimizer = FusedAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    model.compile(
+        optimizer=optimizer,
+        loss=MaskedSparseCrossEntropy(config.train.label_smoothing),
+        metrics=[MaskedAccuracy()],
+        jit_compile=config.train.xla,
+    )
+    model.optimizer.build(model.trainable_variables)
+    return model.optimizer

@@ -1,0 +1,335 @@
+"""`--mixed-precision auto` and `--xla auto`: the precision policy and XLA, decided per machine.
+
+`decide_precision(...)` returns a `PrecisionDecision`: the mode (off | float16 | bfloat16),
+its Keras policy, XLA on/off, and the reasons, which training logs in one line and writes
+to report.json as `run.precision_decision`. Explicit values always win; "auto" decides:
+
+* GPU (rules, no probe; untested here: no GPU): compute capability >= 8.0 (A100, L4, H100)
+  → bfloat16; 7.x (V100, T4) → float16, which Keras's `compile` wraps in a
+  `LossScaleOptimizer` (dynamic loss scaling); older or unknown → float32.
+* CPU: bfloat16 only when the CPU has BF16 instructions (/proc/cpuinfo flags avx512_bf16,
+  amx_bf16, or aarch64's bf16) *and* a short probe shows bf16 matmuls at least
+  `MIN_BF16_SPEEDUP` × as fast as float32 ones; otherwise float32. Without the flags
+  there is no probe: bf16 is emulated there, several times slower.
+* TPU (`--strategy tpu`, untested here): bfloat16, XLA on.
+* XLA: on for a GPU with the optimized pipeline (a bounded set of batch shapes, so a few
+  compilations); off on CPU (measured on a 2-core Intel Xeon, float32: 3× fewer tokens/s, one
+  compilation per new bucket shape) and for the naive pipeline (a new shape almost every
+  batch).
+
+The probe (`probe_bf16_speedup`, about 1 s) times alternating chains of 1024² matmuls in both
+dtypes and keeps the best time of each, which is robust to a busy machine. Its result is
+cached per machine (unless the load average exceeded the CPU count while it ran) in a JSON
+file keyed by CPU model + CPU flags + TensorFlow version + device:
+`$TRANSFORMER_PRECISION_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/precision.json`
+(default `~/.cache/...`). Delete the file to re-measure.
+
+`$TRANSFORMER_AUTO_PRECISION` (off | float16 | bfloat16) pins what "auto" resolves to on a
+machine, without probing (the test suite pins `off` so runs are the same on every CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from transformer.base import atomic
+from transformer.base.constants import PRECISION_MODES, PRECISIONS, one_of
+
+log = logging.getLogger(__name__)
+
+POLICIES = {"off": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, aarch64
+REPORTED_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "bf16")
+MIN_BF16_SPEEDUP = 1.5  # bf16/fp32 matmul FLOP/s ratio needed to pick bfloat16 on CPU
+PROBE_VERSION = 1  # bump when the probe changes: older cache entries are then ignored
+CACHE_ENV = "TRANSFORMER_PRECISION_CACHE"
+PIN_ENV = "TRANSFORMER_AUTO_PRECISION"
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the decision depends on, read once (`device_facts`) or injected by tests."""
+
+    device: str  # "cpu" | "gpu" | "tpu"
+    cpu_model: str = ""
+    cpu_flags: tuple = ()  # the REPORTED_CPU_FLAGS the CPU has, sorted
+    gpu_capability: Optional[tuple] = None  # lowest (major, minor) over the visible GPUs
+
+    @property
+    def bf16_flags(self) -> tuple:
+        return tuple(flag for flag in BF16_CPU_FLAGS if flag in self.cpu_flags)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """bf16 vs float32 matmul speed on this CPU (GFLOP/s, best of several timings)."""
+
+    float32_gflops: float
+    bfloat16_gflops: float
+    size: int
+    seconds: float  # wall time the probe took
+    load: Optional[float] = None  # 1-minute load average when it started
+    cpus: Optional[int] = None  # CPUs this process may use
+
+    @property
+    def speedup(self) -> float:
+        return self.bfloat16_gflops / self.float32_gflops
+
+    @property
+    def busy(self) -> bool:
+        """Other work was competing for the CPUs: the result is used but not cached."""
+        return self.load is not None and self.cpus is not None and self.load > self.cpus
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    """The resolved precision and XLA, with what was requested and why."""
+
+    requested_precision: str  # auto | off | float16 | bfloat16
+    requested_xla: Optional[bool]  # None: auto
+    mixed_precision: str  # off | float16 | bfloat16 (what training uses)
+    xla: bool
+    reason: str
+    xla_reason: str
+    facts: DeviceFacts
+    probe: Optional[ProbeResult] = None
+    probe_cached: Optional[bool] = None  # None: no probe was needed
+
+    @property
+    def policy(self) -> str:
+        """The Keras dtype policy name (float32 | mixed_float16 | mixed_bfloat16)."""
+        return POLICIES[self.mixed_precision]
+
+    @property
+    def loss_scaling(self) -> bool:
+        """Keras `compile` wraps the optimizer in a LossScaleOptimizer under mixed_float16."""
+        return self.mixed_precision == "float16"
+
+    def summary(self) -> str:
+        """The one log line: policy, XLA and both reasons."""
+        return f"precision {self.policy}, XLA {'on' if self.xla else 'off'}: {self.reason}; {self.xla_reason}"
+
+    def to_dict(self) -> dict:
+        """JSON-ready, for report.json's `run.precision_decision`."""
+        return {
+            "requested": {"mixed_precision": self.requested_precision,
+                          "xla": "auto" if self.requested_xla is None else self.requested_xla},
+            "mixed_precision": self.mixed_precision,
+            "policy": self.policy,
+            "loss_scaling": self.loss_scaling,
+            "xla": self.xla,
+            "reason": self.reason,
+            "xla_reason": self.xla_reason,
+            "device": dataclasses.asdict(self.facts),
+            "probe": None if self.probe is None else {**dataclasses.asdict(self.probe),
+                                                      "speedup": round(self.probe.speedup, 3)},
+            "probe_cached": self.probe_cached,
+        }
+
+
+# --- device facts -------------------------------------------------------------------------
+
+def parse_cpuinfo(text: str) -> tuple[str, tuple]:
+    """(CPU model name, the REPORTED_CPU_FLAGS present) from /proc/cpuinfo text (x86 or aarch64)."""
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key in ("flags", "features"):
+            flags.update(value.split())
+    return model, tuple(sorted(flag for flag in REPORTED_CPU_FLAGS if flag in flags))
+
+
+def cpu_facts() -> tuple[str, tuple]:
+    """This machine's (CPU model, relevant flags); flags are empty where /proc/cpuinfo is absent."""
+    try:
+        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        model, flags = "", ()
+    return model or platform.processor() or platform.machine(), flags
+
+
+def gpu_capability() -> Optional[tuple]:
+    """Lowest compute capability over the visible GPUs, or None (untested here: no GPU)."""
+    import tensorflow as tf
+
+    capabilities = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        if capability:
+            capabilities.append(tuple(int(part) for part in capability))
+    return min(capabilities) if capabilities else None
+
+
+def device_facts(device: str) -> DeviceFacts:
+    """Facts for `device` ("cpu" or "gpu", as returned by `devices.select_device`)."""
+    model, flags = cpu_facts()
+    return DeviceFacts(device=device, cpu_model=model, cpu_flags=flags,
+                       gpu_capability=gpu_capability() if device == "gpu" else None)
+
+
+# --- the probe and its cache --------------------------------------------------------------
+
+def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/CPU:0") -> ProbeResult:
+    """Times alternating float32 / bfloat16 matmul chains for about `budget_s`; best of each."""
+    import time
+
+    from transformer.runtime.flops import matmul_chain_timer
+
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    started = time.perf_counter()
+    timers = {dtype: matmul_chain_timer(dtype, device, size) for dtype in ("float32", "bfloat16")}
+    iters = {dtype: max(1, int(0.03 / max(timed(2) / 2, 1e-6))) for dtype, timed in timers.items()}  # ~30 ms runs
+    best = {dtype: float("inf") for dtype in timers}
+    rounds = 0
+    while rounds < 3 or (time.perf_counter() - started < budget_s and rounds < 20):
+        for dtype, timed in timers.items():
+            best[dtype] = min(best[dtype], timed(iters[dtype]) / iters[dtype])
+        rounds += 1
+    gflops = {dtype: 2.0 * size**3 / seconds / 1e9 for dtype, seconds in best.items()}
+    return ProbeResult(round(gflops["float32"], 1), round(gflops["bfloat16"], 1), size,
+                       round(time.perf_counter() - started, 3), load, cpus)
+
+
+def cache_path() -> Path:
+    """Where probe results are cached (see the module docstring)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "transformer-nmt" / "precision.json"
+
+
+def cache_key(facts: DeviceFacts) -> str:
+    """Identifies the machine for the cache: CPU model + flags + TensorFlow version + device."""
+    import tensorflow as tf
+
+    fields = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "tensorflow": tf.__version__,
+              "device": facts.device, "probe_version": PROBE_VERSION}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        entries = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("ignoring unreadable precision cache %s (%s)", path, err)
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def cached_probe(facts: DeviceFacts, probe=probe_bf16_speedup) -> tuple[Optional[ProbeResult], bool]:
+    """(probe result, from cache?): the cached result for this machine, else `probe()` (then cached).
+
+    A probe that fails returns (None, False) and caches nothing; a probe taken on a busy
+    machine (load average above the CPU count) is used for this run but not cached.
+    """
+    path, key = cache_path(), cache_key(facts)
+    entries = _read_cache(path)
+    entry = entries.get(key)
+    if isinstance(entry, dict):
+        try:
+            return ProbeResult(**entry["probe"]), True
+        except (KeyError, TypeError):
+            log.warning("ignoring a malformed entry in the precision cache %s", path)
+    try:
+        result = probe()
+    except Exception as err:  # a probe must never stop training: fall back to float32
+        log.warning("bf16 probe failed (%s): float32", err)
+        return None, False
+    if result.busy:
+        log.info("bf16 probe taken under load %.1f on %d CPUs: not cached", result.load, result.cpus)
+        return result, False
+    entries[key] = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "device": facts.device,
+                    "probe": dataclasses.asdict(result)}
+    try:
+        atomic.write_json(path, entries, sort_keys=True)
+    except OSError as err:
+        log.warning("could not cache the precision probe in %s (%s)", path, err)
+    return result, False
+
+
+# --- the decision -------------------------------------------------------------------------
+
+def _auto_gpu(facts: DeviceFacts) -> tuple[str, str]:
+    capability = facts.gpu_capability
+    if capability is None:
+        return "off", "GPU compute capability unknown → float32"
+    shown = ".".join(map(str, capability))
+    if capability >= (8, 0):
+        return "bfloat16", f"GPU compute capability {shown} ≥ 8.0 has bf16 tensor cores → mixed_bfloat16"
+    if capability >= (7, 0):
+        return "float16", (f"GPU compute capability {shown} has float16 tensor cores but no fast bf16 → "
+                           "mixed_float16 with dynamic loss scaling")
+    return "off", f"GPU compute capability {shown} < 7.0 has no tensor cores → float32"
+
+
+def _auto_cpu(facts: DeviceFacts, probe) -> tuple[str, str, Optional[ProbeResult], Optional[bool]]:
+    cpu = facts.cpu_model or "CPU"
+    if not facts.bf16_flags:
+        return "off", f"{cpu} has no BF16 instructions ({'/'.join(BF16_CPU_FLAGS)}) → float32", None, None
+    flags = "+".join(facts.bf16_flags)
+    result, cached = cached_probe(facts, probe)
+    if result is None:
+        return "off", f"{cpu} has {flags} but the bf16 probe failed → float32", None, False
+    measured = (f"bf16 matmul {result.speedup:.1f}× fp32 ({result.bfloat16_gflops:.0f} vs "
+                f"{result.float32_gflops:.0f} GFLOP/s{', cached' if cached else ''}"
+                f"{f', busy machine: load {result.load:.1f}' if result.busy else ''})")
+    if result.speedup >= MIN_BF16_SPEEDUP:
+        return "bfloat16", f"{cpu} has {flags}; {measured} → mixed_bfloat16", result, cached
+    return "off", f"{cpu} has {flags} but {measured} < {MIN_BF16_SPEEDUP}× → float32", result, cached
+
+
+def _auto_xla(device: str, pipeline_kind: str) -> tuple[bool, str]:
+    if device == "tpu":
+        return True, "XLA on: TPU programs are always compiled"
+    if device == "gpu" and pipeline_kind == "optimized":
+        return True, "XLA on: GPU with bucketed batches (a bounded set of shapes to compile)"
+    if device == "gpu":
+        return False, "XLA off: the naive pipeline makes a new batch shape (a new compilation) almost every step"
+    return False, "XLA off on CPU: measured 3× slower there (a compilation per bucket shape, no faster kernels)"
+
+
+def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, device: str = "cpu",
+                     pipeline_kind: str = "optimized", *, facts: Optional[DeviceFacts] = None,
+                     probe=probe_bf16_speedup) -> PrecisionDecision:
+    """Resolves `--mixed-precision` / `--xla` (possibly "auto" / None) for `device` (cpu | gpu | tpu).
+
+    The one function scripts and notebooks call. `facts` and `probe` are injectable for
+    tests; by default they are read from this machine (probe results cached, see
+    `cache_path`). Explicit values win; "auto" follows the rules of the module docstring.
+    """
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(f"--mixed-precision must be {one_of(PRECISIONS)}, got {mixed_precision!r}")
+    facts = facts or device_facts(device)
+    result, cached = None, None
+    pinned = os.environ.get(PIN_ENV, "").strip()
+    if mixed_precision != "auto":
+        mode, reason = mixed_precision, f"requested --mixed-precision {mixed_precision}"
+    elif pinned:
+        if pinned not in PRECISION_MODES:
+            raise ValueError(f"${PIN_ENV} must be {one_of(PRECISION_MODES)}, got {pinned!r}")
+        mode, reason = pinned, f"auto pinned by ${PIN_ENV}={pinned}"
+    elif facts.device == "tpu":
+        mode, reason = "bfloat16", "TPU: bfloat16 is its native matmul type → mixed_bfloat16"
+    elif facts.device == "gpu":
+        mode, reason = _auto_gpu(facts)
+    else:
+        mode, reason, result, cached = _auto_cpu(facts, probe)
+    if xla is None:
+        use_xla, xla_reason = _auto_xla(facts.device, pipeline_kind)
+    else:
+        use_xla, xla_reason = bool(xla), f"requested {'--xla' if xla else '--no-xla'}"
+    return PrecisionDecision(mixed_precision, xla, mode, use_xla, reason, xla_reason, facts, result, cached)

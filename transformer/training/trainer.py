@@ -1,0 +1,425 @@
+"""Training orchestration: config → data → tokenizers → pipeline → model → fit → reports.
+
+`train(config)` is the one entry point (scripts/train.py and the notebooks call it). It fills
+a run directory laid out as transformer/inference/rundir.py describes (config.json, tokenizers/,
+checkpoints/, best/, backup/, tensorboard/, report.json, summary.json).
+
+Distribution (`--strategy`, see transformer/runtime/distribute.py): the model, optimizer, metrics and
+checkpoint are created under `strategy.scope()`; batch flags are per replica and the
+pipeline builds global batches of `replicas` times that size. In multi-worker training only
+the chief writes the run directory; other workers write the same files to a temporary
+directory that is deleted when `train` returns, and read checkpoints/backups from the
+chief's run directory (which must be on a filesystem they share).
+
+Fault tolerance. A checkpoint is saved at every epoch end; with `--backup-every-steps N` a
+`StepBackupAndRestore` snapshot (model + optimizer + position in the epoch) is also taken
+every N steps. Re-running the same command after a crash continues from the newer of the
+two (a backup present in the run directory implies `--resume`).
+
+Out of memory: with `--auto-batch` a run retries at half the batch (transformer/training/auto_batch.py).
+Datasets (incl. the TPU path): transformer/training/training_data.py; step timing under a strategy:
+transformer/training/replica_timing.py.
+
+Size: over ~350 lines on purpose: `_train` reads top to bottom as the whole run; its parts
+live in rundir, optimizer, training_data, auto_batch, replica_timing and the callback modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from transformer.base import atomic
+from transformer.base.config import ModelConfig, RunConfig, parse_profile_steps
+from transformer.base.errors import OutputExistsError
+from transformer.data.corpora import load_corpus
+from transformer.data.pipeline import make_batches
+from transformer.data.tokenizer import build_or_load_tokenizers
+from transformer.inference.rundir import (
+    BACKUP_DIR,
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    REPORT_FILE,
+    SUMMARY_FILE,
+    TENSORBOARD_DIR,
+    TOKENIZER_DIR,
+    RunCheckpoints,
+    build_model,
+)
+from transformer.inference.translator import DecodeConfig, Translator
+from transformer.measure.reports import StepTimeReport
+from transformer.model.optimizer import compile_model, make_schedule
+from transformer.model.transformer import Transformer
+from transformer.runtime import distribute
+from transformer.runtime.devices import select_device, set_precision
+from transformer.runtime.faults import DivergenceGuard, InterruptHandler
+from transformer.runtime.flops import TransformerDims
+from transformer.runtime.precision import decide_precision
+from transformer.runtime.runlock import RunLock, make_run_dir
+from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
+from transformer.training.backup import StepBackupAndRestore, snapshots
+from transformer.training.budget import TrainingClock
+from transformer.training.gc_freeze import FreezeLongLived
+from transformer.training.profiling import StepProfiler
+from transformer.training.progress import BudgetProgress, dynamic_display
+from transformer.training.replica_timing import ReplicaBatchTimer
+from transformer.training.summaries import StepTensorBoard
+from transformer.training.timing import BatchTimer
+from transformer.training.training_data import count_batches, epoch_steps, tokenized_training_pairs
+from transformer.training.validation_bleu import ValidationBleu, fixed_sample
+
+log = logging.getLogger(__name__)
+
+
+
+class EpochCheckpoint(keras.callbacks.Callback):
+    """Saves a RunCheckpoints checkpoint at the end of every epoch (and every `every_steps` steps).
+
+    A mid-epoch checkpoint records the epoch as not finished: resuming from it restarts that
+    epoch's data (with the optimizer's step count kept). Use --backup-every-steps for exact
+    mid-epoch resumption; these checkpoints are for checkpoint averaging and evaluation.
+    """
+
+    def __init__(self, checkpoints: RunCheckpoints, every_steps: Optional[int] = None,
+                 clock: Optional[TrainingClock] = None):
+        super().__init__()
+        self.checkpoints = checkpoints
+        self.every_steps = every_steps
+        self.clock = clock  # told how long a save takes (the wall clock's reserve)
+        self.seconds_spent = 0.0
+        self._epoch = 0
+
+    def _save(self, epoch: int) -> str:
+        start = time.perf_counter()
+        path = self.checkpoints.save(epoch)
+        seconds = time.perf_counter() - start
+        self.seconds_spent += seconds
+        if self.clock is not None:
+            self.clock.expect_at_end("checkpoint", seconds)
+        return path
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def save_now(self) -> str:
+        """A checkpoint of the current (unfinished) epoch, e.g. before stopping on a signal."""
+        return self._save(self._epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if self.every_steps and step % self.every_steps == 0:
+            path = self._save(self._epoch)
+            log.info("step %d: checkpoint %s", step, path)
+
+    def on_epoch_end(self, epoch, logs=None):
+        path = self._save(epoch + 1)
+        log.info("epoch %d: checkpoint %s", epoch + 1, path)
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    tokenizer_dir: Path
+    history: dict
+    summary: dict
+    model: Transformer
+
+
+def resolve_model_config(config: RunConfig, tokenizers, output_dir: Path, resuming: Optional[bool] = None) -> ModelConfig:
+    """The architecture: from the run's saved config when resuming, else from `config` + vocab sizes."""
+    resuming = config.train.resume if resuming is None else resuming
+    saved = output_dir / CONFIG_FILE
+    if resuming and saved.exists():
+        model_config = RunConfig.load(saved).model
+        if model_config != dataclasses.replace(
+            config.model, src_vocab_size=model_config.src_vocab_size, tgt_vocab_size=model_config.tgt_vocab_size
+        ):
+            log.warning("--resume: using the architecture saved in %s, not the command line's", saved)
+        return model_config
+    return dataclasses.replace(
+        config.model,
+        src_vocab_size=int(tokenizers.src.get_vocab_size()),
+        tgt_vocab_size=int(tokenizers.tgt.get_vocab_size()),
+    )
+
+
+def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> dict:
+    """The `run` section of the step-time report: what this run is, for comparisons."""
+    pipeline = config.pipeline
+    batching = (f"{pipeline.batch_size} sentences" if pipeline.kind == "naive" or pipeline.max_tokens is None
+                else f"{pipeline.max_tokens} tokens/bucket")
+    if replicas > 1:
+        batching += f" per replica × {replicas} replicas"
+    return {
+        "label": config.train.label or Path(config.train.output_dir).name,
+        "device": device or config.train.device,
+        "precision": config.train.mixed_precision,
+        "xla": config.train.xla,
+        "pipeline": pipeline.kind,
+        "batching": batching,
+        "dataset": (" ".join(map(str, config.data.local_corpora)) or config.data.train_src
+                    or config.data.dataset),
+        "config": config.to_dict(),
+    }
+
+
+def _has_backup(run_dir: Path) -> bool:
+    return bool(snapshots(run_dir / BACKUP_DIR))
+
+
+def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
+    """Runs one training job end to end; see the module docstring for what it writes.
+
+    The step-time report is written when training ends, and also when it dies (exception,
+    out of memory, Ctrl-C): `StepTimeReport.guard` records the state and re-raises. The
+    Keras global dtype policy that training sets is restored on return (the returned model
+    keeps its own layers' policies), so a caller's later models are not built in bfloat16.
+    """
+    config.validate()
+    run_dir = Path(config.train.output_dir)
+    strategy_name = distribute.resolve_strategy_name(config.train.strategy)
+    role = distribute.task_role(strategy_name)
+    with contextlib.ExitStack() as stack:
+        stack.callback(keras.mixed_precision.set_global_policy, keras.mixed_precision.global_policy())
+        if role.is_chief:  # one writer per run directory (other workers write to temporary directories)
+            stack.enter_context(RunLock(make_run_dir(run_dir)))
+        interrupts = stack.enter_context(InterruptHandler())
+        return _train_locked(config, run_dir, strategy_name, role, interrupts, extra_callbacks)
+
+
+def _train_locked(config: RunConfig, run_dir: Path, strategy_name: str, role: distribute.TaskRole,
+                  interrupts: InterruptHandler, extra_callbacks: tuple) -> TrainResult:
+    checkpoint_dir = run_dir / CHECKPOINT_DIR
+    backup = _has_backup(run_dir)
+    if not (config.train.resume or backup) and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
+        raise OutputExistsError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run or choose another --output",
+            hint="one run directory holds one run (README: When something goes wrong)")
+    if backup and not config.train.resume:
+        log.info("%s holds a backup of an interrupted run: continuing it", run_dir / BACKUP_DIR)
+    if config.train.auto_batch and strategy_name == "multi-worker":
+        log.warning("--auto-batch retries on one worker only; under multi-worker an out-of-memory "
+                    "error on one worker stops the job (restart it with a smaller batch)")
+    write_dir = role.write_dir(run_dir)
+    try:
+        make_run_dir(write_dir)
+        report = StepTimeReport(write_dir / REPORT_FILE, run=run_description(config),
+                                steps_planned=config.train.planned_steps)
+        if config.train.resume or backup:
+            report.continue_from_disk()  # a resumed run appends to its earlier measurements
+        with report.guard():
+            return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
+                          report, extra_callbacks, interrupts)
+    finally:
+        role.cleanup(write_dir, run_dir)
+
+
+def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str, role: distribute.TaskRole,
+           resuming: bool, report: StepTimeReport, extra_callbacks: tuple,
+           interrupts: Optional[InterruptHandler] = None) -> TrainResult:
+    started = time.perf_counter()
+    device = select_device(config.train.device)
+    strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
+    replicas = int(strategy.num_replicas_in_sync)
+    decision = decide_precision(config.train.mixed_precision, config.train.xla,
+                                "tpu" if strategy_name == "tpu" else device, config.pipeline.kind)
+    log.info("%s", decision.summary())
+    report.run["precision_decision"] = decision.to_dict()
+    config = config.replace(train={"mixed_precision": decision.mixed_precision, "xla": decision.xla})
+    policy = set_precision(config.train.mixed_precision, device)
+    keras.utils.set_random_seed(config.train.seed)
+
+    corpus = load_corpus(config.data)
+    log.info("corpus %s: %s train pairs, %s validation pairs, %d empty pairs dropped",
+             corpus.name, corpus.num_train, corpus.num_validation, corpus.dropped_empty)
+    tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
+    run_tokenizers = write_dir / TOKENIZER_DIR
+    if not run_tokenizers.exists():
+        shutil.copytree(tokenizer_dir, run_tokenizers)
+
+    model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
+    config = dataclasses.replace(config, model=model_config)
+    config.save(write_dir / CONFIG_FILE)
+    report.run.update(run_description(config, device, replicas))
+    report.run["distribution"] = distribute.describe(strategy, strategy_name, role)
+    log.info("strategy %s: %d replica(s), global batch = per-replica batch × %d (%s)",
+             strategy_name, replicas, replicas, report.run["batching"])
+
+    budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
+    # the training split tokenized once: for counting an epoch's batches and for training
+    tokenized = tokenized_training_pairs(corpus, tokenizers, config) if strategy_name != "tpu" else None
+    counting = time.perf_counter()
+    steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
+    if steps_per_epoch is not None and not config.train.steps_per_epoch:
+        log.info("one epoch = %d batches (counted in %.1f s)", steps_per_epoch, time.perf_counter() - counting)
+    total_steps = config.train.planned_steps
+    if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
+        total_steps = config.train.planned_epochs * (
+            steps_per_epoch or count_batches(corpus, tokenizers, config, replicas, tokenized))
+        log.info("cosine schedule over %d planned steps (%d epochs)", total_steps, config.train.planned_epochs)
+    if budget_s is None and report.steps_planned is None and steps_per_epoch is not None:
+        report.steps_planned = config.train.planned_epochs * steps_per_epoch
+    clock = TrainingClock(budget_s, total_steps, wall=config.train.budget_clock == "wall", started=started)
+    with strategy.scope():
+        model = build_model(model_config)
+        optimizer = compile_model(model, config, make_schedule(config, model_config.d_model, clock.progress, total_steps))
+        checkpoints = RunCheckpoints(write_dir / CHECKPOINT_DIR, model, optimizer,
+                                     max_to_keep=config.train.keep_checkpoints,
+                                     read_directory=run_dir / CHECKPOINT_DIR, train_elapsed_s=clock.elapsed_s)
+    distribute.patch_keras_for_multi_worker(model, strategy)
+    initial_epoch = _restore_checkpoint(checkpoints, optimizer, resuming)
+    initial_state = state_values(model, optimizer, checkpoints) if config.train.auto_batch else None
+    log.info("model: %s parameters, policy %s, XLA %s, device %s",
+             f"{model.count_params():,}", policy, config.train.xla, device)
+
+    timer_args = dict(dims=TransformerDims.from_config(model_config), probe_peak=config.train.probe_peak,
+                      measure_input_wait=strategy_name != "tpu")
+    timer = (BatchTimer(report, **timer_args) if strategy_name == distribute.DEFAULT
+             else ReplicaBatchTimer(report, strategy=strategy, **timer_args))
+    backup = None
+    if config.train.backup_every_steps or _has_backup(run_dir):
+        backup = StepBackupAndRestore(run_dir / BACKUP_DIR, save_freq=config.train.backup_every_steps or "epoch",
+                                      steps_per_epoch=steps_per_epoch, write_dir=write_dir / BACKUP_DIR)
+    bleu = make_bleu_callback(config, corpus, tokenizers, write_dir, report, clock, strategy_name)
+    saver = EpochCheckpoint(checkpoints, config.train.checkpoint_every_steps, clock)
+    profiler = None
+    if config.train.profile_steps:
+        profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
+    if interrupts is not None:  # on SIGINT/SIGTERM: save the exact position, then stop
+        interrupts.save = (lambda: f"backup {backup.save_now()}") if backup else (
+            lambda: f"checkpoint {saver.save_now()} (--resume repeats this epoch's data)")
+    callbacks = [
+        DivergenceGuard(report),  # first: a NaN step is never backed up or checkpointed
+        *([backup] if backup else []),
+        timer,
+        *([profiler] if profiler else []),  # after the timer, which syncs the step
+        clock,  # after the timer, which syncs the step
+        saver,
+        StepTensorBoard(log_dir=str(write_dir / TENSORBOARD_DIR), update_freq=50),
+        *([bleu] if bleu else []),
+        *extra_callbacks,
+        *([interrupts] if interrupts is not None else []),
+    ]
+    if budget_s is not None and config.train.verbose:  # instead of Keras' bar (`Epoch 2/1000000`, `N/Unknown`)
+        in_place = config.train.verbose == 1 and dynamic_display()
+        callbacks.append(BudgetProgress(clock, report, bleu, in_place=in_place))
+    callbacks.append(FreezeLongLived(report))  # last: after the evaluation and the step's tracing
+
+    nothing_to_train = clock.budget_spent()  # resumed with its budget used up (fit would take one step)
+    if nothing_to_train:
+        log.info("time budget of %.1f min already spent: nothing to train", clock.budget_s / 60)
+        clock.stopped_by_budget = True
+    startup_s = time.perf_counter() - started
+    try:
+        history = {}
+        if not nothing_to_train:
+            def on_retry(smaller: RunConfig) -> None:  # the run continues with the smaller batch
+                smaller.save(write_dir / CONFIG_FILE)
+                report.run.update(batching=run_description(smaller, device, replicas)["batching"],
+                                  config=smaller.to_dict())
+                report.write()
+
+            job = FitJob(model, checkpoints, callbacks, corpus, tokenizers, strategy_name, replicas, report,
+                         initial_state, validate=not _evaluates_loss(callbacks), on_retry=on_retry,
+                         tokenized=tokenized, steps_per_epoch=steps_per_epoch)
+            history, config = fit_with_auto_batch(job, config, initial_epoch)
+    finally:  # also when the resumed run dies: the report says where it started
+        if backup is not None and backup.restored is not None:
+            report.run["resumed_from_backup"] = backup.restored
+            initial_epoch = backup.restored["epoch"]
+
+    summary = _summary(history, optimizer, config, time.perf_counter() - started, initial_epoch)
+    summary["train_time_s"] = round(clock.seconds, 1)  # wall seconds with --budget-clock wall
+    summary["budget_clock"] = config.train.budget_clock if budget_s is not None else None
+    summary["time_s"] = {"startup": round(startup_s, 1),
+                         "training_steps": round(sum(r.time_s for r in report.records), 1),
+                         "evaluation": round(bleu.seconds_spent, 1) if bleu is not None else 0.0,
+                         "checkpoints": round(saver.seconds_spent, 1)}
+    if summary["val_loss"] is None and bleu is not None and bleu.report.evaluations:
+        last = bleu.report.evaluations[-1]  # measured on the evaluation sample (budgeted runs)
+        summary["val_loss"], summary["val_masked_accuracy"] = last.get("val_loss"), last.get("val_masked_accuracy")
+    summary["stopped_by"] = ("time budget" if clock.stopped_by_budget
+                             else "early stopping" if bleu is not None and bleu.early_stopped else None)
+    summary["tokens_seen"] = report.tokens_seen()
+    summary["best_validation_bleu"] = bleu.best if bleu is not None else None
+    report.run["stopped_by"] = summary["stopped_by"]
+    report.run.update(budget_clock=summary["budget_clock"], time_s=summary["time_s"])
+    summary["step_time"] = report.summary()
+    summary["replicas"] = replicas
+    atomic.write_json(write_dir / SUMMARY_FILE, summary)
+    # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
+    return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
+
+
+def _evaluates_loss(callbacks: list) -> bool:
+    """True when a `ValidationBleu` measures the validation loss (then fit's per-epoch pass is skipped)."""
+    return any(isinstance(c, ValidationBleu) and c.loss_batches is not None for c in callbacks)
+
+
+def make_bleu_callback(config: RunConfig, corpus, tokenizers, write_dir: Path, report: StepTimeReport,
+                       clock: TrainingClock, strategy_name: str) -> Optional[ValidationBleu]:
+    """The validation-BLEU callback over a fixed sample, or None (disabled / no validation split).
+
+    Under a time budget it evaluates at `train.eval_at` fractions of the budget and at the end
+    (unless `bleu_every_steps`), and also measures the validation loss on the same sample,
+    replacing fit's per-epoch pass over the whole validation split.
+    """
+    size = config.train.bleu_sentences
+    if not size or corpus.validation is None:
+        return None
+    if strategy_name in ("multi-worker", "tpu"):
+        log.warning("validation BLEU during training is not run under --strategy %s; "
+                    "evaluate checkpoints with scripts/evaluate.py", strategy_name)
+        return None
+    sources, references = [], []
+    for src, tgt in corpus.validation.as_numpy_iterator():
+        sources.append(src.decode("utf-8"))
+        references.append(tgt.decode("utf-8"))
+    sources, references = fixed_sample(sources, references, size)
+    budgeted = config.train.time_budget_minutes is not None
+    loss_batches = None
+    if budgeted:
+        loss_batches = make_batches(tf.data.Dataset.from_tensor_slices((sources, references)), tokenizers,
+                                    config.pipeline, config.model.max_length, training=False)
+    fractions = config.train.eval_at if budgeted and not config.train.bleu_every_steps else None
+    return ValidationBleu(lambda model: Translator(tokenizers, model, DecodeConfig()), sources, references,
+                          run_dir=write_dir, every_steps=config.train.bleu_every_steps,
+                          patience=config.train.early_stop_patience, report=report, clock=clock,
+                          fractions=fractions, loss_batches=loss_batches)
+
+
+def _restore_checkpoint(checkpoints: RunCheckpoints, optimizer, resuming: bool) -> int:
+    """Restores the latest epoch checkpoint when resuming; returns the epoch to start at."""
+    if not resuming:
+        return 0
+    restored = checkpoints.restore_latest()
+    if restored is None:
+        log.info("resume: no epoch checkpoint in %s", checkpoints.read_directory)
+        return 0
+    epoch = int(checkpoints.epoch.numpy())
+    log.info("resumed %s at epoch %d, step %d", restored, epoch, int(optimizer.iterations.numpy()))
+    return epoch
+
+
+def _summary(history: dict, optimizer, config: RunConfig, wall_s: float, initial_epoch: int) -> dict:
+    last = {key: float(values[-1]) for key, values in history.items() if values}
+    return {
+        "epochs_run": len(history.get("loss", [])),
+        "epochs_total": config.train.epochs,  # None: 1, or until the time budget
+        "initial_epoch": initial_epoch,
+        "optimizer_steps": int(optimizer.iterations.numpy()),
+        "train_loss": last.get("loss"),
+        "train_masked_accuracy": last.get("masked_accuracy"),
+        "val_loss": last.get("val_loss"),
+        "val_masked_accuracy": last.get("val_masked_accuracy"),
+        "wall_time_s": round(wall_s, 1),
+    }

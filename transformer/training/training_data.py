@@ -1,0 +1,96 @@
+"""The datasets one training run consumes: global batches for the strategy, input sharded.
+
+`make_datasets` builds (training, validation) from the corpus with the configured pipeline
+(transformer/data/pipeline.py); under `--strategy tpu` it builds static-shape batches instead
+(`distribute.tpu_batches`: XLA on TPU compiles one program per shape). `count_batches` is
+the length of one training epoch (the cosine schedule's planned steps).
+
+`fit` reads one repeated training dataset, `epoch_steps` batches per epoch (counted once
+when the user gave no `--steps-per-epoch`). Given a dataset of unknown length instead, Keras
+opens a new iterator every epoch and one more at each epoch's end; 30-minute runs fed that
+way lost 17-58 s at the start of several epochs, between steps (deleting an iterator read
+for minutes can block that long); with one iterator the overhead is 1-3 s per epoch
+(docs/recipes.md, *Wall time of a 30-minute budget*).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from transformer.base.config import RunConfig
+from transformer.data.pipeline import make_batches, tokenize_mixture, tokenize_pairs
+from transformer.runtime import distribute
+
+
+def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
+    """The training pairs tokenized and cached once (`pipeline.tokenize_pairs`), or None.
+
+    Shared by `count_batches` and `make_datasets`, so that counting the batches of an epoch
+    fills the cache the training pipeline then reads (the split is tokenized once, not twice).
+    A mixture gives its per-part caches, mixed afresh on every pass. None for the naive
+    pipeline (it tokenizes every batch).
+    """
+    if config.pipeline.kind != "optimized":
+        return None
+    pairs = corpus.training_pairs
+    if pairs is corpus.train:
+        return tokenize_pairs(pairs, tokenizers, config.model.max_length, config.pipeline.cache)
+    return tokenize_mixture(pairs, tokenizers, config.pipeline, config.model.max_length, config.train.seed)
+
+
+def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1, tokenized=None) -> int:
+    """Training batches in one epoch of the configured pipeline (one pass over the cached ids).
+
+    `tokenized`: `tokenized_training_pairs(...)`, to fill the cache the training then reuses.
+    """
+    batches = make_batches(corpus.training_pairs, tokenizers, config.pipeline, config.model.max_length,
+                           training=True, seed=config.train.seed, replicas=replicas, tokenized=tokenized)
+    return int(batches.reduce(0, lambda count, _: count + 1).numpy())
+
+
+def epoch_steps(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int = 1,
+                tokenized=None) -> Optional[int]:
+    """Batches per `fit` epoch: `--steps-per-epoch`, else one counted pass; None on TPU.
+
+    TPU batches are one fixed epoch of static shapes, read to its end as before.
+    """
+    if config.train.steps_per_epoch:
+        return config.train.steps_per_epoch
+    if strategy_name == "tpu":
+        return None
+    return count_batches(corpus, tokenizers, config, replicas, tokenized)
+
+
+def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int, tokenized=None,
+                  repeat: Optional[bool] = None):
+    """(training, validation or None) datasets of global batches, auto-shard policy set.
+
+    `tokenized`: `tokenized_training_pairs(...)` built before (e.g. by `count_batches`), or None.
+    `repeat`: the training batches repeat without end (`fit` then needs `steps_per_epoch`);
+    None: only when `--steps-per-epoch` is set.
+    """
+    max_length = config.model.max_length
+    if strategy_name == "tpu":
+        pipeline = config.pipeline
+        per_replica = (pipeline.max_tokens // max_length if pipeline.kind == "optimized" and pipeline.max_tokens
+                       else pipeline.batch_size)
+        batch = max(1, per_replica) * replicas
+
+        def batches(pairs, training):
+            tokenized = tokenize_pairs(pairs, tokenizers, max_length, pipeline.cache if training else "memory")
+            return distribute.tpu_batches(tokenized, batch, max_length, training, pipeline.shuffle_buffer,
+                                          config.train.seed)
+    else:
+        def batches(pairs, training):
+            return make_batches(pairs, tokenizers, config.pipeline, max_length, training=training,
+                                seed=config.train.seed if training else None, replicas=replicas,
+                                tokenized=tokenized if training else None)
+
+    train_pairs = corpus.train if strategy_name == "tpu" else corpus.training_pairs  # TPU: one fixed epoch
+    train_batches = distribute.shard_input(batches(train_pairs, True))
+    if repeat if repeat is not None else bool(config.train.steps_per_epoch):
+        train_batches = train_batches.repeat()
+    val_batches = None
+    if corpus.validation is not None:
+        val_batches = distribute.shard_input(batches(corpus.validation, False))
+    return train_batches, val_batches
