@@ -1,7 +1,7 @@
 """Benchmark matrix.
 
 Usage and code: transformer/commands/benchmark.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-benchmark` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-benchmark` command does.
 """
 
 import sys

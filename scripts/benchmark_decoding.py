@@ -1,7 +1,7 @@
 """Decoding speed.
 
 Usage and code: transformer/commands/benchmark_decoding.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-benchmark-decoding` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-benchmark-decoding` command does.
 """
 
 import sys

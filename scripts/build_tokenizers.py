@@ -1,7 +1,7 @@
 """Learn the WordPiece vocabularies and save the tokenizer SavedModel, without training.
 
 Usage and code: transformer/commands/build_tokenizers.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-build-tokenizers` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-build-tokenizers` command does.
 """
 
 import sys

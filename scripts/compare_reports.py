@@ -1,7 +1,7 @@
 """Compare step-time reports.
 
 Usage and code: transformer/commands/compare_reports.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-compare-reports` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-compare-reports` command does.
 """
 
 import sys

@@ -1,7 +1,7 @@
 """Score a model (sacrebleu BLEU + chrF) and measure its decoding speed; writes JSON.
 
 Usage and code: transformer/commands/evaluate.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-evaluate` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-evaluate` command does.
 """
 
 import sys

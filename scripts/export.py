@@ -1,7 +1,7 @@
 """Export a trained run as a self-contained SavedModel (tokenizers inside).
 
 Usage and code: transformer/commands/export.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-export` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-export` command does.
 """
 
 import sys

@@ -1,7 +1,7 @@
 """Train the pt→en Transformer.
 
 Usage and code: transformer/commands/train.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-train` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-train` command does.
 """
 
 import sys

@@ -1,7 +1,7 @@
 """Translate Portuguese sentences with a training run or an exported SavedModel.
 
 Usage and code: transformer/commands/translate.py (`--help`). Runs the installed package
-(`pip install -e .`, README.md "Setup"), as the `transformer-translate` command does.
+(`pip install -e .`, README.md "Set-up"), as the `transformer-translate` command does.
 """
 
 import sys

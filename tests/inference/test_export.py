@@ -86,7 +86,7 @@ def _saved_model_cli():
 
 
 # `saved_model_cli run` must execute the tensorflow_text ops, which the stock CLI never
-# registers (it has no flag to load op libraries): the README runs it through this wrapper.
+# registers (it has no flag to load op libraries): this wrapper registers them first.
 CLI_WITH_TF_TEXT = [sys.executable, "-c", "import sys, tensorflow_text; "
                     "from tensorflow.python.tools.saved_model_cli import main; "
                     "sys.argv[0] = 'saved_model_cli'; sys.exit(main())"]

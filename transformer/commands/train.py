@@ -4,10 +4,10 @@
     python scripts/train.py --data ../shared/data/bible-pt-en --preset tutorial --pipeline naive  # the TF tutorial
     python scripts/train.py --device gpu --mixed-precision float16 --xla   # TFDS TED default
     python scripts/train.py --strategy mirrored --max-tokens 4096 --backup-every-steps 500  # all local GPUs
-    # on every machine, with its own TF_CONFIG task index (see README.md):
+    # on every machine, with its own TF_CONFIG task index (see docs/devices.md):
     TF_CONFIG="$(cat tf_config.json)" python scripts/train.py --strategy multi-worker --output /shared/runs/big
 
-See README.md for every flag; the effective config is printed and saved as config.json.
+See docs/training.md for every flag; the effective config is printed and saved as config.json.
 """
 
 import argparse

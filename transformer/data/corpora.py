@@ -259,7 +259,7 @@ def _tfds_load(dataset: str, split: str, data_dir: Optional[str], **kwargs):
             f"could not load TFDS dataset {dataset!r} split {split!r} ({type(err).__name__}: {err}). "
             "Offline? Put the dataset's archives in the TFDS manual directory "
             "(<tfds-data-dir>/downloads/manual) or use local files: --data DIR "
-            "(see README, 'Training offline')."
+            "(see docs/training.md)."
         ) from None
 
 

@@ -2,7 +2,7 @@
 
 Keras' dropout (`tf.nn.experimental.stateless_dropout`) draws one float32 uniform per
 element; on CPU that random-number generation was the largest non-matmul cost of the
-mixed-precision training step (`--profile-steps`, README "Where the time goes"). Here each
+mixed-precision training step (`--profile-steps`, docs/speed.md). Here each
 uint32 from `tf.random.stateless_uniform` is split into two uint16 halves and an element is
 kept when its half is >= round(rate · 65536): the drop probability is rate to within
 2^-17 (0.1 → 0.100006), kept values are scaled by 1 / (1 - rate) as in Keras. Measured on

@@ -3,7 +3,7 @@
 Keras 3's `LayerNormalization` builds the norm from basic float32 ops and leaves the
 gradient to autodiff, which on CPU (no XLA) runs as a long chain of small element-wise and
 reduction kernels: layer norm was 8.7% of the default model's mixed-precision training step
-(`--profile-steps`, README "Where the time goes"). `layer_norm` computes the same function
+(`--profile-steps`, docs/speed.md). `layer_norm` computes the same function
 in float32 (two-pass moments: mean, then mean of squared deviations) and supplies its
 gradient in closed form:
 

@@ -176,7 +176,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
     def _attend(self, query_heads, key_heads, value_heads, attention_mask, training):
         # Heads to the front ([B, T, N, H] → [B, N, T, H]), then batched matmuls: on CPU
         # (oneDNN) explicit transposes + BatchMatMul run the attention block ~1.3x faster
-        # than the equivalent einsums "btnh,bsnh->bnts" / "bnts,bsnh->btnh" (README,
+        # than the equivalent einsums "btnh,bsnh->bnts" / "bnts,bsnh->btnh" (docs/speed.md,
         # "Where the time goes").
         query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])

@@ -37,7 +37,7 @@ class FusedAdam(keras.optimizers.Adam):
     Same update, same state (`m`, `v`) and checkpoint layout as `keras.optimizers.Adam`:
     m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², θ ← θ − lr·√(1−β₂ᵗ)/(1−β₁ᵗ)·m/(√v + ε). Keras
     runs it as ~10 element-wise ops per variable, each a pass over memory; the fused kernel
-    makes one pass (2.5x faster on 11.6 M parameters, README *Where the time goes*).
+    makes one pass (2.5x faster on 11.6 M parameters, docs/speed.md).
     Sparse (IndexedSlices) gradients, the embeddings', keep Keras' own update: Keras 3 squares
     the slices of a token seen several times in a batch before summing them (Σg², not
     (Σg)²), and the default recipe's learning rate was tuned with that (the fused update on

@@ -53,7 +53,7 @@ DEFAULT = "default"  # what "auto" resolves to on one device: TensorFlow's defau
 class DistributeError(InputError, RuntimeError):
     """A strategy cannot be set up here; the message says what is missing and how to fix it."""
 
-    hint = "fix TF_CONFIG (README: Distributed training) or unset it to train on one machine"
+    hint = "fix TF_CONFIG (docs/devices.md) or unset it to train on one machine"
 
 
 # ---------------------------------------------------------------------------- TF_CONFIG

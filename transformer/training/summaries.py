@@ -2,7 +2,7 @@
 
 Keras' `TensorBoard(update_freq=N)` records the batch-level scalars (`batch_loss`, ...) of
 every N-th step, but still builds a `summary.scalar` op per log value on *every* step and
-lets `record_if` drop it: about 1 ms per step on the 2-core AMD EPYC (see README *budgets*).
+lets `record_if` drop it: about 1 ms per step on the 2-core AMD EPYC (docs/recipes.md).
 This subclass returns early from `on_train_batch_end` on the steps that would not be
 recorded, so what is written is the same, and delegates everything else (epoch summaries,
 the graph, profiling) to Keras. It relies on the private attributes `_global_train_batch`,
