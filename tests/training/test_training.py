@@ -189,12 +189,15 @@ def test_resume_continues_the_step_count(bible_tokenizers, fresh_run, tmp_path):
         train(run_config(bible_tokenizers, output, epochs=EPOCHS + 1, steps_per_epoch=STEPS))
     assert (output / CONFIG_FILE).read_text() == before
 
-    # ...with it, training continues from the checkpoint, on the saved architecture even when
-    # the command line says otherwise (no validation here: it is not what is being tested).
+    # ...with it, training continues from the checkpoint, on the saved architecture and the run's
+    # own tokenizers even when the command line says otherwise (another --vocab-size would learn
+    # other ids: the embeddings would be indexed out of range). No validation: not tested here.
     changed = run_config(bible_tokenizers, output, validation=False, epochs=EPOCHS + 1, steps_per_epoch=STEPS,
                          resume=True)
     with tokenizers_reused(bible_tokenizers):
-        second = train(changed.replace(model={"d_model": 32}))
+        second = train(changed.replace(model={"d_model": 32},
+                                       tokenizer={"vocab_size": bible_tokenizers.config.vocab_size + 100}))
+    assert RunConfig.load(output / CONFIG_FILE).tokenizer == bible_tokenizers.config
     assert second.summary["initial_epoch"] == EPOCHS
     assert second.summary["epochs_run"] == 1
     assert second.summary["optimizer_steps"] == (EPOCHS + 1) * STEPS

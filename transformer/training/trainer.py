@@ -43,7 +43,7 @@ from transformer.base.config import ModelConfig, RunConfig, parse_profile_steps
 from transformer.base.errors import OutputExistsError
 from transformer.data.corpora import load_corpus
 from transformer.data.pipeline import make_batches
-from transformer.data.tokenizer import build_or_load_tokenizers
+from transformer.data.tokenizer import build_or_load_tokenizers, load_tokenizers
 from transformer.inference.rundir import (
     BACKUP_DIR,
     CHECKPOINT_DIR,
@@ -241,7 +241,14 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     corpus = load_corpus(config.data)
     log.info("corpus %s: %s train pairs, %s validation pairs, %d empty pairs dropped",
              corpus.name, corpus.num_train, corpus.num_validation, corpus.dropped_empty)
-    tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
+    saved_tokenizers = run_dir / TOKENIZER_DIR
+    if resuming and saved_tokenizers.is_dir() and (run_dir / CONFIG_FILE).exists():
+        # the vocabulary the checkpoints were trained with, whatever --vocab-size etc. say now
+        tokenizers, tokenizer_dir = load_tokenizers(saved_tokenizers), saved_tokenizers
+        config = dataclasses.replace(config, tokenizer=RunConfig.load(run_dir / CONFIG_FILE).tokenizer)
+        log.info("--resume: using the run's tokenizers in %s", saved_tokenizers)
+    else:
+        tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
     run_tokenizers = write_dir / TOKENIZER_DIR
     if not run_tokenizers.exists():
         shutil.copytree(tokenizer_dir, run_tokenizers)
