@@ -18,8 +18,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 # "--mixed-precision auto" resolves to float32 in tests, whatever the CPU (AMX Xeon, EPYC with
 # avx512_bf16, or none): runs stay identical across CI machines. tests/runtime/test_precision.py unpins it.
 os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
+# Float32 matmuls in float32 on GPUs too: TF32 (on by default on Ampere and later) rounds their
+# inputs to 10 mantissa bits, ~1e-4 off the values tests compare. The variable covers child
+# processes (scripts, distributed workers); the call below this process.
+os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
 
 import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from helpers_model import TINY_MODEL  # noqa: E402
 from helpers_translation import TOKENIZER_PAIRS, TOKENIZER_VOCAB, VAL_PAIRS, bible_slice_config, shared_tokenizers  # noqa: E402, F401
 
@@ -27,6 +32,8 @@ from transformer.base.config import DataConfig, ModelConfig, PipelineConfig, Run
 from transformer.base.constants import SHARED_CORPUS_DIR  # noqa: E402
 from transformer.measure.reports import StepTimeReport  # noqa: E402
 from transformer.measure.step_stats import StepRecord  # noqa: E402
+
+tf.config.experimental.enable_tensor_float_32_execution(False)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIBLE_DIR = SHARED_CORPUS_DIR

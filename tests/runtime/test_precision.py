@@ -26,8 +26,9 @@ ARM_CPUINFO = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd sve bf1
 
 NO_BF16 = DeviceFacts("cpu", "Intel Xeon @ 2.80GHz", ("avx512f",))
 AVX512_BF16 = DeviceFacts("cpu", "AMD EPYC", ("avx512_bf16", "avx512f"))
-FAST = ProbeResult(float32_gflops=250.0, bfloat16_gflops=700.0, size=1024, seconds=0.4)
-SLOW = ProbeResult(float32_gflops=250.0, bfloat16_gflops=300.0, size=1024, seconds=0.4)
+IDLE = dict(load=0.2, load_end=0.3, cpus=2, cpu_share=0.95)  # what an idle 2-CPU machine records
+FAST = ProbeResult(float32_gflops=250.0, bfloat16_gflops=700.0, size=1024, seconds=0.4, **IDLE)
+SLOW = ProbeResult(float32_gflops=250.0, bfloat16_gflops=300.0, size=1024, seconds=0.4, **IDLE)
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +110,7 @@ def test_probe_on_a_busy_machine_is_used_but_not_cached(tmp_path):
     decision = decide_precision(facts=AVX512_BF16, probe=probe_returning(busy))
     assert decision.mixed_precision == "bfloat16" and "load 6.5" in decision.reason
     assert not (tmp_path / "precision.json").exists()
-    idle = ProbeResult(float32_gflops=250.0, bfloat16_gflops=700.0, size=1024, seconds=0.4, load=0.3, cpus=2)
+    idle = ProbeResult(float32_gflops=250.0, bfloat16_gflops=700.0, size=1024, seconds=0.4, **IDLE)
     probe = probe_returning(idle)
     decide_precision(facts=AVX512_BF16, probe=probe)
     assert decide_precision(facts=AVX512_BF16, probe=no_probe).probe == idle

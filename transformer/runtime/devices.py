@@ -1,6 +1,19 @@
-"""Device selection, precision policy and XLA, with clear errors for what is missing.
+"""Device selection and the precision policy, with clear errors for what is missing.
 
-Everything here must run before TensorFlow initialises its devices (before the first op).
+TensorFlow lets a process configure its devices (which GPUs are visible, GPU memory
+growth) only until its runtime initialises at the first op; after that a change raises
+`RuntimeError`. `select_device` reads TensorFlow's current settings and changes only what
+differs, so it can run again in the same process (a second `train()`, a notebook that trains
+twice), for the same device or another:
+
+* gpu / auto: memory growth on for every visible GPU. Too late for that (an op already ran):
+  the run goes on without it (TensorFlow may reserve most GPU memory), warned once.
+* cpu: the GPUs are hidden. Too late for that: the training is placed on the CPU instead
+  (`distribute.make_strategy` builds `OneDeviceStrategy("/cpu:0")` while a GPU is visible),
+  with a warning saying what TensorFlow allows.
+* gpu after cpu hid the GPUs: they are shown again if TensorFlow has not initialised yet,
+  else `DeviceError` (restart the process). auto then uses the CPU.
+
 What cannot run on a CPU-only machine (CUDA) is isolated in `require_gpu`.
 """
 
@@ -50,22 +63,81 @@ def require_gpu() -> list:
     )
 
 
+_warned: set[str] = set()  # warnings given once per process
+
+
+def _warn_once(key: str, message: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+def _memory_growth(gpus: list) -> None:
+    """Turns on memory growth for `gpus` where it is not on yet and TensorFlow still allows it."""
+    for gpu in gpus:
+        if tf.config.experimental.get_memory_growth(gpu):
+            continue
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # the runtime is initialised: physical devices are fixed
+            _warn_once("memory-growth",
+                       "GPU memory growth not enabled: TensorFlow initialised the GPU before --device was applied "
+                       "(a TensorFlow op ran first), so it may reserve most GPU memory; set "
+                       "TF_FORCE_GPU_ALLOW_GROWTH=true before starting Python to enable it anyway")
+            return
+
+
+def _show_gpus(gpus: list) -> None:
+    """Makes `gpus` visible again after an earlier --device cpu hid them; DeviceError when too late."""
+    try:
+        tf.config.set_visible_devices(gpus, "GPU")
+    except RuntimeError:
+        raise DeviceError(
+            "--device gpu: the GPUs were hidden earlier in this process (by --device cpu or "
+            "tf.config.set_visible_devices), and TensorFlow cannot show them again once it has initialised. "
+            "Fix: restart the process (Colab: Runtime → Restart session) and train on the GPU there, "
+            "or run each device in its own process (scripts/benchmark.py does)."
+        ) from None
+
+
+def _hide_gpus() -> None:
+    """Hides the GPUs for --device cpu; when too late, warns that the run is placed on the CPU instead."""
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:
+        log.warning(
+            "--device cpu: TensorFlow already initialised the GPU in this process (an earlier GPU run or "
+            "TensorFlow op) and cannot hide it any more. Training is placed on the CPU instead "
+            "(tf.distribute.OneDeviceStrategy('/cpu:0')); work outside the training step, such as validation "
+            "BLEU decoding, may still use the GPU. For a CPU-only process, restart it (Colab: Runtime → Restart "
+            "session) and train on the CPU first, or start Python with CUDA_VISIBLE_DEVICES=''.")
+
+
 def select_device(requested: str) -> str:
-    """Applies --device {auto,cpu,gpu}; returns "gpu" or "cpu" (what will be used)."""
+    """Applies --device {auto,cpu,gpu}; returns "gpu" or "cpu" (what will be used).
+
+    Safe to call again in the same process, for any device (see the module docstring).
+    """
+    if requested not in DEVICES:
+        raise ValueError(f"--device must be {one_of(DEVICES)}, got {requested!r}")
+    visible = tf.config.get_visible_devices("GPU")
+    if requested == "cpu":
+        if visible:
+            _hide_gpus()
+        return "cpu"
     if requested == "gpu":
         gpus = require_gpu()
-        for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
+        if not visible:
+            _show_gpus(gpus)
+            visible = gpus
+        _memory_growth(visible)
         return "gpu"
-    if requested == "cpu":
-        tf.config.set_visible_devices([], "GPU")
+    if not visible:  # auto: the GPUs TensorFlow sees now (hidden ones stay hidden)
+        if tf.config.list_physical_devices("GPU"):
+            log.info("--device auto: the GPUs are hidden in this process (an earlier --device cpu): using the CPU")
         return "cpu"
-    if requested != "auto":
-        raise ValueError(f"--device must be {one_of(DEVICES)}, got {requested!r}")
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    return "gpu" if gpus else "cpu"
+    _memory_growth(visible)
+    return "gpu"
 
 
 def set_precision(mode: str, device: str) -> str:

@@ -141,8 +141,15 @@ def local_devices(device: str) -> list[str]:
 
 
 def make_strategy(name: str, device: str) -> tf.distribute.Strategy:
-    """Builds the strategy `name` (resolved, see `resolve_strategy_name`) for `device` ("gpu"/"cpu")."""
+    """Builds the strategy `name` (resolved, see `resolve_strategy_name`) for `device` ("gpu"/"cpu").
+
+    The default strategy for "cpu" while a GPU is still visible (TensorFlow had initialised it
+    before --device cpu could hide it, see `devices.select_device`) is `OneDeviceStrategy`
+    on the CPU: the model, optimizer and every train/evaluation step are placed there.
+    """
     if name == DEFAULT:
+        if device == "cpu" and tf.config.get_visible_devices("GPU"):
+            return tf.distribute.OneDeviceStrategy("/cpu:0")
         return tf.distribute.get_strategy()
     if name == "one-device":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if device == "gpu" else "/cpu:0")

@@ -18,11 +18,26 @@ to report.json as `run.precision_decision`. Explicit values always win; "auto" d
   batch).
 
 The probe (`probe_bf16_speedup`, about 1 s) times alternating chains of 1024² matmuls in both
-dtypes and keeps the best time of each, which is robust to a busy machine. Its result is
-cached per machine (unless the load average exceeded the CPU count while it ran) in a JSON
-file keyed by CPU model + CPU flags + TensorFlow version + device:
+dtypes and keeps the best time of each. Best-of does not survive a competing process: on a
+2-core Intel Xeon (AMX) one busy thread beside the probe halved float32 (395 → 202 GFLOP/s:
+one of its two matmul threads waits for a CPU), and on an Intel Xeon with avx512_bf16 but no
+AMX a probe under load recorded bf16 1.34× float32 where idle it measures 0.63×. So the
+probe also records whether it had the CPUs (`ProbeResult.busy`):
+
+* its CPU share: the process's CPU time during the timed loops ÷ (wall time × matmul
+  threads), the direct sign of starvation. On the 2-core AMX Xeon: 0.93-0.97 idle, 0.50
+  beside one busy thread. Busy below `MIN_CPU_SHARE` (0.8).
+* the 1-minute load average at its start and end. It lags (it read 0.3 beside that busy
+  thread), so it only adds to the share: busy when either exceeds cpus − 0.5, i.e. about
+  every CPU already had runnable work.
+
+Erring towards "busy" only costs a re-probe at the next run; a busy verdict kept would decide
+every later run. A result is cached only when it is not busy and has these fields, in a JSON
+file keyed by CPU model + CPU flags + TensorFlow version + device + `PROBE_VERSION`:
 `$TRANSFORMER_PRECISION_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/precision.json`
-(default `~/.cache/...`). Delete the file to re-measure.
+(default `~/.cache/...`); a cached entry that is busy or lacks the fields is probed again.
+The decision's reason says whether the figures are fresh or cached, with the conditions they
+were taken in. Delete the file to re-measure.
 
 `$TRANSFORMER_AUTO_PRECISION` (off | float16 | bfloat16) pins what "auto" resolves to on a
 machine, without probing (the test suite pins `off` so runs are the same on every CPU).
@@ -49,7 +64,9 @@ POLICIES = {"off": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfl
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF16, aarch64
 REPORTED_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "bf16")
 MIN_BF16_SPEEDUP = 1.5  # bf16/fp32 matmul FLOP/s ratio needed to pick bfloat16 on CPU
-PROBE_VERSION = 1  # bump when the probe changes: older cache entries are then ignored
+MIN_CPU_SHARE = 0.8  # below: the probe was starved of CPU time (idle 0.93-0.97, one competing thread 0.50)
+LOAD_MARGIN = 0.5  # busy when the 1-minute load average exceeds cpus - LOAD_MARGIN
+PROBE_VERSION = 2  # bump when the probe changes: older cache entries are then ignored
 CACHE_ENV = "TRANSFORMER_PRECISION_CACHE"
 PIN_ENV = "TRANSFORMER_AUTO_PRECISION"
 
@@ -78,6 +95,9 @@ class ProbeResult:
     seconds: float  # wall time the probe took
     load: Optional[float] = None  # 1-minute load average when it started
     cpus: Optional[int] = None  # CPUs this process may use
+    load_end: Optional[float] = None  # 1-minute load average when it ended
+    cpu_share: Optional[float] = None  # CPU time ÷ (wall time × matmul threads) over the timed loops
+    taken_at: Optional[str] = None  # UTC, ISO 8601
 
     @property
     def speedup(self) -> float:
@@ -85,8 +105,24 @@ class ProbeResult:
 
     @property
     def busy(self) -> bool:
-        """Other work was competing for the CPUs: the result is used but not cached."""
-        return self.load is not None and self.cpus is not None and self.load > self.cpus
+        """Other work competed for the CPUs (see the module docstring): used, never cached."""
+        starved = self.cpu_share is not None and self.cpu_share < MIN_CPU_SHARE
+        loads = [load for load in (self.load, self.load_end) if load is not None]
+        loaded = self.cpus is not None and any(load > self.cpus - LOAD_MARGIN for load in loads)
+        return starved or loaded
+
+    @property
+    def cacheable(self) -> bool:
+        """Taken idle, and measured with what shows it (CPU share, CPU count)."""
+        return self.cpu_share is not None and self.cpus is not None and not self.busy
+
+    def conditions(self) -> str:
+        """What is known of the conditions: 'CPU share 95%, load 0.3→0.4 on 2 CPUs'."""
+        parts = [f"CPU share {self.cpu_share:.0%}"] if self.cpu_share is not None else []
+        loads = "→".join(f"{load:.1f}" for load in (self.load, self.load_end) if load is not None)
+        if loads:
+            parts.append(f"load {loads}" + (f" on {self.cpus} CPUs" if self.cpus else ""))
+        return ", ".join(parts) or "load not measured"
 
 
 @dataclass(frozen=True)
@@ -130,7 +166,8 @@ class PrecisionDecision:
             "xla_reason": self.xla_reason,
             "device": dataclasses.asdict(self.facts),
             "probe": None if self.probe is None else {**dataclasses.asdict(self.probe),
-                                                      "speedup": round(self.probe.speedup, 3)},
+                                                      "speedup": round(self.probe.speedup, 3),
+                                                      "busy": self.probe.busy},
             "probe_cached": self.probe_cached,
         }
 
@@ -180,26 +217,40 @@ def device_facts(device: str) -> DeviceFacts:
 
 # --- the probe and its cache --------------------------------------------------------------
 
+def _load_average() -> Optional[float]:
+    """The 1-minute load average, or None where the OS has none."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/CPU:0") -> ProbeResult:
-    """Times alternating float32 / bfloat16 matmul chains for about `budget_s`; best of each."""
+    """Times alternating float32 / bfloat16 matmul chains for about `budget_s`; best of each.
+
+    Also records the load average at start and end and the CPU share of the timed loops.
+    """
     import time
+
+    import tensorflow as tf
 
     from transformer.runtime.flops import matmul_chain_timer
 
-    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    load = _load_average()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = min(cpus, tf.config.threading.get_intra_op_parallelism_threads() or cpus)  # 0: one per CPU
     started = time.perf_counter()
     timers = {dtype: matmul_chain_timer(dtype, device, size) for dtype in ("float32", "bfloat16")}
     iters = {dtype: max(1, int(0.03 / max(timed(2) / 2, 1e-6))) for dtype, timed in timers.items()}  # ~30 ms runs
     best = {dtype: float("inf") for dtype in timers}
     rounds = 0
+    loops_started, cpu_started = time.perf_counter(), time.process_time()
     while rounds < 3 or (time.perf_counter() - started < budget_s and rounds < 20):
         for dtype, timed in timers.items():
             best[dtype] = min(best[dtype], timed(iters[dtype]) / iters[dtype])
         rounds += 1
+    cpu_share = (time.process_time() - cpu_started) / ((time.perf_counter() - loops_started) * threads)
     gflops = {dtype: 2.0 * size**3 / seconds / 1e9 for dtype, seconds in best.items()}
     return ProbeResult(round(gflops["float32"], 1), round(gflops["bfloat16"], 1), size,
-                       round(time.perf_counter() - started, 3), load, cpus)
+                       round(time.perf_counter() - started, 3), load, cpus, _load_average(),
+                       round(cpu_share, 3), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def cache_path() -> Path:
@@ -233,24 +284,31 @@ def _read_cache(path: Path) -> dict:
 def cached_probe(facts: DeviceFacts, probe=probe_bf16_speedup) -> tuple[Optional[ProbeResult], bool]:
     """(probe result, from cache?): the cached result for this machine, else `probe()` (then cached).
 
-    A probe that fails returns (None, False) and caches nothing; a probe taken on a busy
-    machine (load average above the CPU count) is used for this run but not cached.
+    A probe that fails returns (None, False) and caches nothing. A probe taken on a busy
+    machine, or without the fields that show it was not (`ProbeResult.cacheable`), is used
+    for this run but not cached; such a cached entry is not used: the probe runs again.
     """
     path, key = cache_path(), cache_key(facts)
     entries = _read_cache(path)
     entry = entries.get(key)
     if isinstance(entry, dict):
         try:
-            return ProbeResult(**entry["probe"]), True
+            cached = ProbeResult(**entry["probe"])
         except (KeyError, TypeError):
             log.warning("ignoring a malformed entry in the precision cache %s", path)
+        else:
+            if cached.cacheable:
+                return cached, True
+            log.info("cached bf16 probe not used (%s, %s): probing again",
+                     "busy machine" if cached.busy else "no CPU share recorded", cached.conditions())
     try:
         result = probe()
     except Exception as err:  # a probe must never stop training: fall back to float32
         log.warning("bf16 probe failed (%s): float32", err)
         return None, False
-    if result.busy:
-        log.info("bf16 probe taken under load %.1f on %d CPUs: not cached", result.load, result.cpus)
+    if not result.cacheable:
+        log.info("bf16 probe %s (%s): not cached", "taken on a busy machine" if result.busy else "without a CPU share",
+                 result.conditions())
         return result, False
     entries[key] = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "device": facts.device,
                     "probe": dataclasses.asdict(result)}
@@ -284,9 +342,13 @@ def _auto_cpu(facts: DeviceFacts, probe) -> tuple[str, str, Optional[ProbeResult
     result, cached = cached_probe(facts, probe)
     if result is None:
         return "off", f"{cpu} has {flags} but the bf16 probe failed → float32", None, False
+    if cached:
+        source = f"cached probe{f' of {result.taken_at}' if result.taken_at else ''}"
+    else:
+        source = ("fresh probe on a busy machine, not cached" if result.busy
+                  else "fresh probe" if result.cacheable else "fresh probe, not cached")
     measured = (f"bf16 matmul {result.speedup:.1f}× fp32 ({result.bfloat16_gflops:.0f} vs "
-                f"{result.float32_gflops:.0f} GFLOP/s{', cached' if cached else ''}"
-                f"{f', busy machine: load {result.load:.1f}' if result.busy else ''})")
+                f"{result.float32_gflops:.0f} GFLOP/s; {source}: {result.conditions()})")
     if result.speedup >= MIN_BF16_SPEEDUP:
         return "bfloat16", f"{cpu} has {flags}; {measured} → mixed_bfloat16", result, cached
     return "off", f"{cpu} has {flags} but {measured} < {MIN_BF16_SPEEDUP}× → float32", result, cached

@@ -199,7 +199,8 @@ class BatchTimer(keras.callbacks.Callback):
             steady-state summary). Defaults to the report's (1).
         peak_flops: float or None. Known peak FLOP/s of the device; skips the probe.
         probe_peak: bool. Probe the peak with `measure_peak_flops` once at the first
-            `on_train_begin` (in the model's compute dtype) when `peak_flops` is None.
+            `on_train_begin` (in the model's compute dtype, on the device holding its
+            weights) when `peak_flops` is None.
             Defaults to `True`.
         measure_input_wait: bool. Wrap `model.train_function` to time `next(iterator)` and
             count tokens (see the module docstring). Defaults to `True`.
@@ -268,7 +269,7 @@ class BatchTimer(keras.callbacks.Callback):
         if self.report.steps_planned is None and self.params.get("steps") and epochs < UNBOUNDED_EPOCHS:
             self.report.steps_planned = int(self.params["steps"]) * epochs
         if self.report.peak_flops is None and self.probe_peak:
-            self.report.peak_flops = measure_peak_flops(dtype=self._compute_dtype())
+            self.report.peak_flops = measure_peak_flops(dtype=self._compute_dtype(), device=self._model_device())
         self._has_gpu = bool(tf.config.list_logical_devices("GPU"))
         if self._has_gpu:
             tf.config.experimental.reset_memory_stats("GPU:0")
@@ -304,6 +305,12 @@ class BatchTimer(keras.callbacks.Callback):
             self.report.finish("completed")
 
     # ------------------------------------------------------------------ internals
+
+    def _model_device(self) -> Optional[str]:
+        """The GPU or CPU holding the model's first weight (where the steps run); None: not known."""
+        weights = getattr(self.model, "weights", None) or []
+        device = getattr(getattr(weights[0], "value", None), "device", "") if weights else ""
+        return device if "GPU" in device.upper() or "CPU" in device.upper() else None
 
     def _compute_dtype(self) -> str:
         policy = getattr(self.model, "dtype_policy", None)

@@ -1,0 +1,110 @@
+"""The bf16 probe's verdict is cached only when it was taken idle: busy rules (CPU share, load
+at start and end), re-probing busy or incomplete cache entries, and the reason line that
+says which verdict was used. Probe results are injected, as in tests/runtime/test_precision.py."""
+
+import calendar
+import dataclasses
+import json
+import time
+
+import pytest
+
+from transformer.runtime import precision
+from transformer.runtime.precision import DeviceFacts, ProbeResult, decide_precision
+
+XEON = DeviceFacts("cpu", "Intel Xeon (avx512_bf16, no AMX)", ("avx512_bf16", "avx512f"))
+
+
+def result(float32: float, bfloat16: float, cpu_share=0.95, load=0.2, load_end=0.3, cpus=2,
+           taken_at="2026-01-02T03:04:05Z") -> ProbeResult:
+    return ProbeResult(float32, bfloat16, 1024, 0.5, load, cpus, load_end, cpu_share, taken_at)
+
+
+IDLE_XEON = result(252.0, 158.0)  # 0.63×: float32
+STARVED_XEON = result(118.0, 158.0, cpu_share=0.50)  # 1.34×, the load average did not show it
+FLATTERED = result(100.0, 170.0, cpu_share=0.45)  # a busy probe that would pick bfloat16
+
+
+@pytest.fixture(autouse=True)
+def unpinned(monkeypatch, tmp_path):
+    """No pin (conftest pins auto to float32 for other tests) and a private probe cache."""
+    monkeypatch.delenv(precision.PIN_ENV, raising=False)
+    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "precision.json"))
+
+
+def probes(*results):
+    """A probe returning `results` in turn; `.calls` counts them."""
+    queue = list(results)
+
+    def probe():
+        probe.calls += 1
+        return queue.pop(0)
+
+    probe.calls = 0
+    return probe
+
+
+def no_probe():
+    raise AssertionError("the probe must not run here")
+
+
+@pytest.mark.parametrize("share, load, load_end, busy", [
+    (0.95, 0.2, 0.3, False),  # idle
+    (0.50, 0.3, 0.3, True),  # starved while the lagging load average still looked idle
+    (0.95, 1.6, 0.3, True),  # load above cpus - 0.5 at the start
+    (0.95, 0.3, 1.6, True),  # ... or at the end
+    (0.95, 1.4, 1.4, False),  # below cpus - 0.5 at both ends
+    (0.79, None, None, True),  # no load average (an OS without one): the share alone
+])
+def test_busy_from_cpu_share_and_load_at_both_ends(share, load, load_end, busy):
+    probe = result(250.0, 700.0, cpu_share=share, load=load, load_end=load_end)
+    assert probe.busy is busy and probe.cacheable is not busy
+    assert f"CPU share {share:.0%}" in probe.conditions()
+    assert not result(250.0, 700.0, cpu_share=None).cacheable  # what shows it was idle is missing
+
+
+def test_busy_probe_decides_this_run_only(tmp_path):
+    flattered = decide_precision(facts=XEON, probe=probes(FLATTERED))
+    assert flattered.mixed_precision == "bfloat16" and flattered.probe_cached is False
+    assert "fresh probe on a busy machine, not cached: CPU share 45%, load 0.2→0.3 on 2 CPUs" in flattered.reason
+    assert not (tmp_path / "precision.json").exists()
+    probe = probes(IDLE_XEON)
+    fresh = decide_precision(facts=XEON, probe=probe)  # the next run probes again, idle this time
+    assert fresh.mixed_precision == "off" and probe.calls == 1
+    assert "0.6× fp32 (158 vs 252 GFLOP/s; fresh probe: CPU share 95%, load 0.2→0.3 on 2 CPUs)" in fresh.reason
+    cached = decide_precision(facts=XEON, probe=no_probe)
+    assert cached.mixed_precision == "off" and cached.probe == IDLE_XEON and cached.probe_cached is True
+    assert "cached probe of 2026-01-02T03:04:05Z: CPU share 95%" in cached.summary()
+    saved = cached.to_dict()["probe"]
+    assert saved["busy"] is False and saved["cpu_share"] == 0.95 and saved["load_end"] == 0.3
+    json.dumps(cached.to_dict())
+
+
+@pytest.mark.parametrize("entry", [
+    dataclasses.asdict(STARVED_XEON),  # taken busy (e.g. by hand or another version of the code)
+    {key: value for key, value in dataclasses.asdict(STARVED_XEON).items()
+     if key not in ("load_end", "cpu_share", "taken_at")},  # lacks the fields that show it was idle
+])
+def test_cached_entry_taken_busy_or_incomplete_is_probed_again(tmp_path, entry):
+    path = tmp_path / "precision.json"
+    key = precision.cache_key(XEON)
+    path.write_text(json.dumps({key: {"cpu_model": XEON.cpu_model, "probe": entry}}))
+    probe = probes(IDLE_XEON)
+    decision = decide_precision(facts=XEON, probe=probe)
+    assert probe.calls == 1 and decision.probe == IDLE_XEON and decision.probe_cached is False
+    assert ProbeResult(**json.loads(path.read_text())[key]["probe"]) == IDLE_XEON  # replaced
+
+
+def test_entries_of_the_previous_probe_version_are_not_read(monkeypatch):
+    key = precision.cache_key(XEON)
+    monkeypatch.setattr(precision, "PROBE_VERSION", precision.PROBE_VERSION - 1)
+    assert precision.cache_key(XEON) != key
+
+
+def test_real_probe_records_cpu_share_and_both_loads():
+    started = time.time()
+    probe = precision.probe_bf16_speedup(size=128, budget_s=0.05)
+    assert 0.0 < probe.cpu_share < 2.0 and probe.cpus >= 1
+    assert (probe.load is None) == (probe.load_end is None)
+    taken = calendar.timegm(time.strptime(probe.taken_at, "%Y-%m-%dT%H:%M:%SZ"))
+    assert abs(taken - started) < 60
