@@ -9,7 +9,7 @@ from conftest import run_config, tokenizers_reused
 from transformer.base import cli
 from transformer.base.config import TrainConfig, parse_profile_steps
 from transformer.measure.compare import compare
-from transformer.training.profiling import CATEGORIES, categorize
+from transformer.training.profiling import CATEGORIES, categorize, gpu_breakdown, op_breakdown
 from transformer.training.trainer import train
 
 
@@ -72,3 +72,51 @@ def test_profiled_run_breaks_device_time_down_by_category(bible_tokenizers, tmp_
 
     table = compare([output / "report.json", output / "report.json"])
     assert "| matmul % |" in table and f"| {report['run']['label']} | 2-3 |" in table
+
+
+def _gpu_trace():
+    """An XSpace as the profiler writes it on a GPU: host op events, and one GPU plane with two
+    streams (kernels with `tf_op` stats, one by reference) plus a derived line to be ignored."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    host.event_metadata[1].name = "transformer_1/encoder_0_1/ffn_1/dense/MatMul:MatMul"
+    host.lines.add(name="tf_Compute").events.add(metadata_id=1, offset_ps=0, duration_ps=5_000_000)
+    gpu = space.planes.add(name="/device:GPU:0")
+    gpu.event_metadata[1].name = "ampere_bf16_s16816gemm"
+    gpu.event_metadata[2].name = "softmax_kernel"
+    gpu.stat_metadata[7].name = "tf_op"
+    gpu.stat_metadata[8].name = "transformer_1/decoder_0_1/self_attention_1/Softmax:Softmax"
+    stream = gpu.lines.add(name="Stream #13(Compute)", timestamp_ns=1_000)
+    # kernels at [0, 4) and [10, 12) µs; the second stream overlaps the first one at [2, 6) µs
+    gemm = stream.events.add(metadata_id=1, offset_ps=0, duration_ps=4_000_000)
+    gemm.stats.add(metadata_id=7, str_value="transformer_1/encoder_0_1/ffn_1/dense/MatMul:MatMul")
+    softmax = stream.events.add(metadata_id=2, offset_ps=10_000_000, duration_ps=2_000_000)
+    softmax.stats.add(metadata_id=7, ref_value=8)
+    other = gpu.lines.add(name="Stream #14(Memcpy)", timestamp_ns=1_000)
+    other.events.add(metadata_id=2, offset_ps=2_000_000, duration_ps=4_000_000)  # no tf_op: "other"
+    derived = gpu.lines.add(name="TensorFlow Ops", timestamp_ns=1_000)
+    derived.events.add(metadata_id=1, offset_ps=0, duration_ps=12_000_000)
+    return space
+
+
+def test_gpu_breakdown_counts_kernels_busy_time_and_host_gaps():
+    gpu = gpu_breakdown(_gpu_trace(), steps=2)
+    assert gpu["kernels"] == 3 and gpu["kernels_per_step"] == 1.5
+    assert gpu["span_s"] == pytest.approx(12e-6)  # first kernel start to last kernel end
+    assert gpu["busy_s"] == pytest.approx(8e-6)  # [0, 6) ∪ [10, 12)
+    assert gpu["idle_share"] == pytest.approx(1 / 3)
+    assert gpu["kernel_time_s"] == pytest.approx(10e-6)
+    seconds = {name: value["seconds"] for name, value in gpu["categories"].items()}
+    assert seconds["matmul"] == pytest.approx(4e-6) and seconds["softmax"] == pytest.approx(2e-6)
+    assert seconds["other"] == pytest.approx(4e-6)
+    assert sum(value["share"] for value in gpu["categories"].values()) == pytest.approx(1)
+    # The host's op events stay the host's: the GPU plane adds nothing to them.
+    assert op_breakdown(_gpu_trace())["device_time_s"] == pytest.approx(5e-6)
+
+
+def test_a_cpu_trace_has_no_gpu_section():
+    space = _gpu_trace()
+    del space.planes[1]
+    assert gpu_breakdown(space, steps=2) is None

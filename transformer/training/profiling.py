@@ -16,6 +16,13 @@ can exceed the steps' wall time; the shares are of device time. Ops of the input
 report measures the input wait. With `--xla` the step is one
 XLA cluster and the breakdown shows it as `other` (XlaLaunch): profile without XLA.
 
+On a GPU the op events above are the host's side of each op (its launch); what the GPU did is
+in the trace's `/device:GPU:N` planes, one line per CUDA stream, one event per kernel or copy.
+`gpu_breakdown` adds the report's `profile.gpu`: kernels launched per step, the time the GPU was
+busy (union of its kernel intervals) against the span from first to last kernel, hence the idle
+share (the gaps the host leaves between kernels: launch and dispatch overhead), and kernel time
+by the same categories, read from each kernel's `tf_op` stat.
+
 Categories (first rule that matches wins; `CATEGORIES` keeps this order):
     optimizer    ops under the optimizer's scope (`adam/`, `loss_scale_optimizer/`...)
     loss         the loss and its gradient (`compile_loss/`, softmax cross-entropy ops)
@@ -85,6 +92,8 @@ def categorize(op_name: str, op_type: str) -> str:
 def _op_events(xspace) -> Iterable[tuple[str, str, int]]:
     """(op name, op type, self time in picoseconds) of every op event in an XSpace."""
     for plane in xspace.planes:
+        if _is_gpu_plane(plane):  # kernels, not op events: gpu_breakdown
+            continue
         metadata = plane.event_metadata
         for line in plane.lines:
             if line.name.startswith("tf_data"):  # input-pipeline threads: not the step's work
@@ -149,6 +158,75 @@ def op_breakdown(xspace, top: int = TOP_OPS) -> dict:
                        for c in CATEGORIES},
         "top_ops": ranked(by_op, "name"),
         "top_types": ranked(by_type, "type"),
+    }
+
+
+_GPU_PLANE = re.compile(r"^/device:GPU:\d+$")
+
+
+def _is_gpu_plane(plane) -> bool:
+    return bool(_GPU_PLANE.match(plane.name))
+
+
+def _stat_text(plane, stat) -> str:
+    """A string stat's value (inline, or by reference to the plane's stat metadata)."""
+    if stat.WhichOneof("value") == "ref_value":
+        return plane.stat_metadata[stat.ref_value].name
+    return stat.str_value if stat.WhichOneof("value") == "str_value" else ""
+
+
+def gpu_breakdown(xspace, steps: int) -> Optional[dict]:
+    """What the GPUs did in a trace of `steps` training steps, or None without a GPU plane.
+
+    Counts the kernel and copy events of every `Stream` line of each `/device:GPU:N` plane.
+    Returns a JSON-ready dict: `kernels` and `kernels_per_step`, `busy_s` (union of the event
+    intervals, summed over GPUs), `span_s` (first event start to last event end, summed over
+    GPUs), `idle_share` (1 − busy/span: the GPU waiting for the host), `kernel_time_s` (sum of
+    event durations; > busy when streams overlap) and `categories` {name: {"seconds", "share"}}
+    of kernel time by the kernel's `tf_op` stat (`categorize`; kernels without one: "other").
+    """
+    kernels, busy_ps, span_ps = 0, 0, 0
+    by_category: dict[str, float] = defaultdict(float)
+    found = False
+    for plane in xspace.planes:
+        if not _is_gpu_plane(plane):
+            continue
+        found = True
+        tf_op_ids = {key for key, meta in plane.stat_metadata.items() if meta.name == "tf_op"}
+        intervals = []
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):  # derived lines repeat the stream events
+                continue
+            base_ps = line.timestamp_ns * 1000
+            for event in line.events:
+                start = base_ps + event.offset_ps
+                intervals.append((start, start + event.duration_ps))
+                tf_op = next((_stat_text(plane, stat) for stat in event.stats if stat.metadata_id in tf_op_ids), "")
+                match = _OP_EVENT.match(tf_op)
+                category = categorize(match["name"], match["type"]) if match else "other"
+                by_category[category] += event.duration_ps * 1e-12
+        if not intervals:
+            continue
+        intervals.sort()
+        kernels += len(intervals)
+        span_ps += intervals[-1][1] - intervals[0][0]
+        end = intervals[0][0]
+        for start, stop in intervals:  # union of intervals
+            busy_ps += max(0, stop - max(start, end))
+            end = max(end, stop)
+    if not found:
+        return None
+    kernel_time = sum(by_category.values())
+    return {
+        "kernels": kernels,
+        "kernels_per_step": kernels / steps if steps else None,
+        "busy_s": busy_ps * 1e-12,
+        "span_s": span_ps * 1e-12,
+        "idle_share": 1 - busy_ps / span_ps if span_ps else None,
+        "kernel_time_s": kernel_time,
+        "categories": {c: {"seconds": by_category.get(c, 0.0),
+                           "share": by_category.get(c, 0.0) / kernel_time if kernel_time else 0.0}
+                       for c in CATEGORIES},
     }
 
 
@@ -220,11 +298,20 @@ class StepProfiler(keras.callbacks.Callback):
                 "wall_s": wall_s,
                 "trace": str(trace.relative_to(self.log_dir.parent)) if self.log_dir.parent in trace.parents
                 else str(trace),
-                **op_breakdown(load_xspace(trace)),
             }
+            xspace = load_xspace(trace)
+            self.result.update(op_breakdown(xspace))
+            gpu = gpu_breakdown(xspace, self._profiled)
+            if gpu is not None:
+                self.result["gpu"] = gpu
         if "categories" in self.result:
             log.info("profile of steps %d-%d (%s): device time %.2f s: %s", *self.result["steps"],
                      self.result["trace"], self.result["device_time_s"], format_breakdown(self.result))
+        if "gpu" in self.result:
+            gpu = self.result["gpu"]
+            log.info("profile on the GPU: %d kernels (%.0f per step), busy %.3f s of %.3f s (%.0f%% idle): %s",
+                     gpu["kernels"], gpu["kernels_per_step"] or 0, gpu["busy_s"], gpu["span_s"],
+                     100 * (gpu["idle_share"] or 0), format_breakdown(gpu))
         if self.report is not None:
             self.report.profile = self.result
             self.report.write()
