@@ -227,6 +227,8 @@ def test_xla_cache_directory_and_flags(monkeypatch, tmp_path):
     assert xla_cache_dir("auto") == auto  # the same machine key every time
     monkeypatch.setenv("TRANSFORMER_XLA_CACHE", str(tmp_path / "env"))
     assert xla_cache_dir("auto") == tmp_path / "env" and xla_cache_dir("off") is None
+    monkeypatch.setenv("TRANSFORMER_XLA_CACHE", "off")
+    assert xla_cache_dir("auto") is None
     assert xla_cache_dir(str(tmp_path / "given")) == tmp_path / "given"
     assert enable_xla_cache("off") is None and "TF_XLA_FLAGS" not in os.environ
     monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_auto_jit=0")

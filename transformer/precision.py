@@ -433,16 +433,19 @@ def _gpu_names() -> list[str]:
 def xla_cache_dir(setting: str) -> Optional[Path]:
     """The directory of XLA's persistent cache for `--xla-cache` (auto | off | DIR); None: off.
 
-    auto: `$TRANSFORMER_XLA_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/xla/<machine_key()>`
-    (default `~/.cache/...`): shared by the runs of this machine, so a shape compiled once is
-    loaded, not compiled, by every later run of the same model and batch shapes.
+    auto: `$TRANSFORMER_XLA_CACHE` (a directory, or off), else
+    `$XDG_CACHE_HOME/transformer-nmt/xla/<machine_key()>` (default `~/.cache/...`): shared by
+    the runs of this machine, so a program compiled once is loaded, not compiled, by later runs
+    that trace the same step (same model, batch shapes, and start-up: TensorFlow names a traced
+    function by a process-wide counter, which is part of the cache key, so a run that first
+    learns its tokenizers keys its programs apart from the runs that load them).
     """
+    if setting == "auto":
+        setting = os.environ.get(XLA_CACHE_ENV, "").strip() or "auto"
     if setting == "off":
         return None
     if setting != "auto":
         return Path(setting)
-    if os.environ.get(XLA_CACHE_ENV):
-        return Path(os.environ[XLA_CACHE_ENV])
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "transformer-nmt" / "xla" / machine_key()
 

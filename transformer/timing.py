@@ -63,6 +63,7 @@ from transformer.reports import StepTimeReport
 from transformer.step_stats import StepRecord
 
 _ORIGINAL = "_batch_timer_original"
+_STEP_FUNCTIONS = {"train": "train_function", "evaluate": "test_function"}  # report name → Keras attribute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +165,9 @@ class ShapeLog:
         return bool(new)
 
     def to_dict(self, xla: bool, traces: Optional[int]) -> dict:
-        """Report entry: shapes `[rows, src_len, tgt_len]`, XLA compilations (distinct shapes × traces, 0 without
-        XLA), tracing count, and wall seconds of the steps that met a new shape (compiling + running)."""
+        """Report entry: shapes `[rows, src_len, tgt_len]`, XLA compilations (one per shape of the one
+        trace; an upper bound, shapes × traces, if the step was retraced; 0 without XLA), the tracing
+        count, and wall seconds of the steps that met a new shape (compiling and running)."""
         return {"shapes": sorted(list(shape) for shape in self.first_s),
                 "compilations": len(self.first_s) * max(traces or 1, 1) if xla else 0,
                 "traces": traces,
@@ -307,7 +309,7 @@ class BatchTimer(keras.callbacks.Callback):
         if self._has_gpu:
             tf.config.experimental.reset_memory_stats("GPU:0")
         if self.measure_input_wait:
-            self._wrap("train_function", "_execution")
+            self._wrap(_STEP_FUNCTIONS["train"], "_execution")
         self._wall_before = self.report.train_wall_s or 0.0
         self._train_start = self._last_write = time.perf_counter()
         self.report.write()
@@ -333,7 +335,7 @@ class BatchTimer(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         if self.measure_input_wait:
-            self._wrap("test_function", "_test_execution")
+            self._wrap(_STEP_FUNCTIONS["evaluate"], "_test_execution")
 
     def on_test_batch_begin(self, batch, logs=None):
         self._test_execution = _Execution()
@@ -346,11 +348,11 @@ class BatchTimer(keras.callbacks.Callback):
 
     def on_test_end(self, logs=None):
         self._report_shapes("evaluate")
-        self._restore("test_function")
+        self._restore(_STEP_FUNCTIONS["evaluate"])
 
     def on_train_end(self, logs=None):
         self._report_shapes("train")
-        self._restore("train_function")
+        self._restore(_STEP_FUNCTIONS["train"])
         self.report.train_wall_s = self._wall_before + (time.perf_counter() - self._train_start)
         if self.report.guarded:
             self.report.write()  # the guard sets the final state
@@ -397,7 +399,7 @@ class BatchTimer(keras.callbacks.Callback):
         log = self._shapes[step]
         if not log.first_s:
             return
-        function = getattr(self.model, f"{step}_function" if step == "train" else "test_function", None)
+        function = getattr(self.model, _STEP_FUNCTIONS[step], None)
         compiled = _compiled_step(_unwrapped(function)) if function is not None else None
         traces = compiled.experimental_get_tracing_count() if compiled is not None else None
         self.report.compile[step] = log.to_dict(bool(getattr(self.model, "jit_compile", False)), traces)

@@ -409,6 +409,11 @@ def _log_compilations(report: StepTimeReport) -> None:
     if not compiled.get("xla"):
         return
     steps = {name: compiled[name] for name in ("train", "evaluate") if name in compiled}
+    if cache is not None and cache["entries_before"] == cache["entries_after"] == 0 and \
+            any(entry["compilations"] for entry in steps.values()):
+        log.warning("XLA's persistent cache %s was not written: TensorFlow had read $TF_XLA_FLAGS before train() "
+                    "named it (call transformer.precision.enable_xla_cache before TensorFlow's first op)",
+                    cache["directory"])
     log.info("XLA: %s compilations over a grid of %d lengths%s",
              ", ".join(f"{name} {entry['compilations']} ({entry['new_shape_steps_s']:.1f} s in steps meeting a new shape)"
                        for name, entry in steps.items()) or "no",
