@@ -151,7 +151,8 @@ def test_train_end_to_end_writes_a_complete_run(bible_tokenizers, fresh_run):
     saved = RunConfig.load(output / CONFIG_FILE)
     vocab = (int(bible_tokenizers.tokenizers.src.get_vocab_size()), int(bible_tokenizers.tokenizers.tgt.get_vocab_size()))
     assert (saved.model.src_vocab_size, saved.model.tgt_vocab_size) == vocab
-    assert saved == dataclasses.replace(config, model=saved.model)
+    assert config.pipeline.length_buckets == "auto" and saved.pipeline.length_buckets == "width"  # resolved: no XLA
+    assert saved == config.replace(model=saved.model, pipeline={"length_buckets": "width"})
     assert result.tokenizer_dir == output / "tokenizers"
     assert (output / "tokenizers" / "saved_model.pb").is_file()
     assert (output / "tokenizers" / "manifest.json").read_text() == \
@@ -162,6 +163,12 @@ def test_train_end_to_end_writes_a_complete_run(bible_tokenizers, fresh_run):
     report = json.loads((output / "report.json").read_text())
     assert report["state"] == "completed" and report["error"] is None
     assert report["steps_done"] == report["steps_planned"] == EPOCHS * STEPS
+    compiled = report["compile"]  # without XLA: the shapes met, no compilation, one trace per step function
+    assert compiled["xla"] is False and compiled["persistent_cache"] is None
+    assert compiled["length_grid"] == padded_lengths(config.model.max_length, config.pipeline.bucket_width)
+    for step in ("train", "evaluate"):
+        assert compiled[step]["compilations"] == 0 and compiled[step]["traces"] == 1
+        assert all(length in compiled["length_grid"] for _, length, _ in compiled[step]["shapes"])
     summary = json.loads((output / "summary.json").read_text())
     assert summary["epochs_run"] == EPOCHS and summary["optimizer_steps"] == EPOCHS * STEPS
     assert 0.0 <= summary["val_masked_accuracy"] <= 1.0

@@ -21,6 +21,7 @@ from transformer.base.config import (
     RunConfig,
     TokenizerConfig,
     TrainConfig,
+    parse_length_buckets,
     parse_profile_steps,
 )
 from transformer.base.constants import (
@@ -172,6 +173,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bucket-width", type=int,
                        help="padded lengths are multiples of this (optimized pipeline; default 8): smaller = "
                             "less padding, more distinct shapes (XLA compiles one program per shape)")
+    group.add_argument("--length-buckets", type=_length_buckets, metavar="{auto,width,geometric,L1,L2,...}",
+                       help="padded lengths of the optimized pipeline: width = multiples of --bucket-width; "
+                            "geometric = 16,24,32,48,64,96,128 (few shapes for XLA; evaluation batches padded to "
+                            "full rows); or explicit lengths; default auto = geometric with XLA, else width")
     group.add_argument("--shuffle-buffer", type=int)
     group.add_argument("--cache", help="'memory' or a file path prefix for tf.data's file cache")
 
@@ -211,8 +216,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                             "see transformer/runtime/precision.py)")
     group.add_argument("--xla", nargs="?", const="on", choices=XLA_MODES,
                        help="jit_compile the train step: --xla (= on), --no-xla (= off), --xla auto (default: "
-                            "on for GPUs with the optimized pipeline, off on CPU)")
+                            "on for a GPU when the run is long enough to repay the compilations, off on CPU; "
+                            "see transformer/runtime/precision.py)")
     group.add_argument("--no-xla", dest="xla", action="store_const", const="off", help="same as --xla off")
+    group.add_argument("--xla-cache", metavar="{auto,off,DIR}",
+                       help="keep XLA-compiled programs across runs in this directory (default auto: "
+                            "$TRANSFORMER_XLA_CACHE, else $XDG_CACHE_HOME/transformer-nmt/xla/<machine key>); "
+                            "used when XLA may be on")
     group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
     group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
     group.add_argument("--verbose", type=int, choices=[0, 1, 2])
@@ -231,6 +241,14 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--profile-steps", type=_profile_steps, metavar="A:B",
                        help="profile training steps A..B (1-based, inclusive) into the TensorBoard directory "
                             "and add a device-time breakdown by op category to report.json")
+
+
+def _length_buckets(text: str) -> str:
+    try:
+        parse_length_buckets(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _profile_steps(text: str) -> str:
@@ -261,7 +279,7 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
                             "shuffle_buffer": "shuffle_buffer", "cache": "cache",
-                            "bucket_width": "bucket_width"})
+                            "bucket_width": "bucket_width", "length_buckets": "length_buckets"})
     if pipeline.get("max_tokens") == 0:
         pipeline["max_tokens"] = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})

@@ -27,6 +27,7 @@ from transformer.base.constants import (
     DEVICES,
     HEAD_WIDTHS,
     LAYER_NORMS,
+    LENGTH_GRIDS,
     LR_SCHEDULES,
     PIPELINE_KINDS,
     PRECISIONS,
@@ -48,6 +49,23 @@ def parse_profile_steps(text: str) -> tuple[int, int]:
     if not sep or first_step < 1 or last_step < first_step:
         raise ValueError(f"profile steps must be A:B with 1 <= A <= B (e.g. 5:7), got {text!r}")
     return first_step, last_step
+
+
+def parse_length_buckets(text: str) -> Optional[tuple[int, ...]]:
+    """`--length-buckets` value → None for a named grid (auto | width | geometric), else its lengths.
+
+    Explicit lengths are comma-separated, strictly increasing integers > 0 (e.g. "16,32,64,128").
+    """
+    if text in LENGTH_GRIDS:
+        return None
+    try:
+        lengths = tuple(int(item) for item in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"must be {one_of(LENGTH_GRIDS)} or increasing lengths such as 16,32,64,128, "
+                         f"got {text!r}") from None
+    if any(n <= 0 for n in lengths) or list(lengths) != sorted(set(lengths)):
+        raise ValueError(f"must be increasing lengths > 0 (e.g. 16,32,64,128), got {text!r}")
+    return lengths
 
 
 UNBOUNDED_EPOCHS = 1_000_000  # `fit` epochs of a time-budgeted run: the budget stops it first
@@ -190,6 +208,13 @@ class PipelineConfig:
     kind "optimized": tokenize once + cache, bucket by length with a token budget per batch
     (`max_tokens`) over a bounded set of padded shapes. kind "naive": the TF tutorial's
     pipeline (shuffle → batch `batch_size` sentences → tokenize every step → pad to max).
+
+    length_buckets: the padded lengths (`pipeline.length_grid`). "width": multiples of
+    `bucket_width` (little padding, ~max_length / bucket_width shapes); "geometric": 16, 24, 32,
+    48, 64, 96, … (each ≤ 1.5× the one before: ~2 shapes per doubling of max_length, for XLA,
+    which compiles one program per shape; evaluation batches are then padded to full rows too);
+    or explicit lengths "16,32,64,128". "auto": geometric when the train step is XLA-compiled,
+    else width (resolved by training and saved in config.json).
     """
 
     kind: str = "optimized"
@@ -198,6 +223,7 @@ class PipelineConfig:
     shuffle_buffer: int = 20000
     cache: str = "memory"  # "memory", or a file path prefix for tf.data's file cache
     bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
+    length_buckets: str = "auto"  # auto | width | geometric | "L1,L2,…" (see the docstring)
 
     def validate(self) -> None:
         if self.kind not in PIPELINE_KINDS:
@@ -208,6 +234,10 @@ class PipelineConfig:
             raise ValueError(f"pipeline.max_tokens must be > 0, got {self.max_tokens}")
         if self.bucket_width <= 0:
             raise ValueError(f"pipeline.bucket_width must be > 0, got {self.bucket_width}")
+        try:
+            parse_length_buckets(self.length_buckets)
+        except ValueError as err:
+            raise ValueError(f"pipeline.length_buckets {err}") from None
 
 
 @dataclass(frozen=True)
@@ -233,6 +263,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | gpu
     mixed_precision: str = "auto"  # auto | off | float16 | bfloat16 (auto: transformer/runtime/precision.py)
     xla: Optional[bool] = None  # None: auto (transformer/runtime/precision.py); True/False: --xla/--no-xla
+    xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (precision.xla_cache_dir)
     output_dir: str = "runs/latest"
     resume: bool = False
     verbose: int = 1
@@ -291,6 +322,8 @@ class TrainConfig:
             raise ValueError(f"train.strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.profile_steps is not None:
             parse_profile_steps(self.profile_steps)
+        if not self.xla_cache.strip():
+            raise ValueError("train.xla_cache must be auto, off or a directory, got ''")
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",
                      "checkpoint_every_steps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:

@@ -4,8 +4,11 @@ Units: seconds (s), bytes, tokens/s, examples/s, FLOPs, FLOP/s; shares are perce
 
 `report.json` holds the environment (library versions, device, CPU, `nvidia-smi`), the
 caller's free-form `run` description (precision, XLA, pipeline, batching, model...), the
-state of the run ("running", "completed", "crashed", "interrupted", "diverged"), the error if any, and
-a steady-state `summary`; `report_steps.csv` holds one row per recorded step (one row per
+state of the run ("running", "completed", "crashed", "interrupted", "diverged"), the error if any,
+a steady-state `summary`, and `compile`: whether XLA was on, the length grid, per compiled step
+(`train`, `evaluate`) the batch shapes it met, its XLA compilations, tracing count and the
+seconds of the steps that met a new shape, and XLA's persistent cache (`persistent_cache`:
+directory, entries before and after the run); `report_steps.csv` holds one row per recorded step (one row per
 Keras execution when `steps_per_execution > 1`; `batches` says how many steps it covers).
 
 Steady state: the first `warmup_steps` rows (trace/compile) are left out of every
@@ -125,6 +128,9 @@ class StepTimeReport:
         self.records: list[StepRecord] = []
         self.evaluations: list[dict] = []  # validation BLEU records (transformer/training/validation_bleu.py)
         self.profile: Optional[dict] = None  # op breakdown of profiled steps (transformer/training/profiling.py)
+        # batch shapes and XLA compilations per compiled step (transformer/training/timing.py `ShapeLog`), the
+        # length grid, and XLA's persistent cache (transformer/training/trainer.py)
+        self.compile: dict = {}
         self.peak_flops: Optional[float] = None
         self.train_wall_s: Optional[float] = None
         self.state = "running"
@@ -208,6 +214,7 @@ class StepTimeReport:
             "tokens_seen": self.tokens_seen(),
             "evaluations": self.evaluations,
             "profile": self.profile,
+            "compile": self.compile or None,
             "steps_csv": self.steps_csv.name if self.steps_csv else None,
             "created_at": self.created_at,
             "updated_at": _now(),

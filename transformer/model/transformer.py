@@ -126,6 +126,25 @@ class Transformer(keras.Model):
         logits, _ = self.decode(tgt_ids, memory, src_mask, training=training)
         return logits
 
+    def test_step(self, data):
+        """Keras' evaluation step, with the batch's loss weighted by its real rows.
+
+        Keras weighs each batch's loss by its row count in the epoch's mean; evaluation batches
+        padded to a fixed row count with all-pad rows (transformer/data/pipeline.py, for XLA) would
+        give those rows weight. Here a row counts when it holds a target token, as every row of
+        an unpadded batch does, so unpadded batches give Keras' own result. Masked loss and
+        metrics already ignore pad tokens.
+        """
+        inputs, target, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if sample_weight is not None:
+            return super().test_step(data)
+        logits = self(inputs, training=False)
+        loss = self.compute_loss(x=inputs, y=target, y_pred=logits, training=False)
+        rows = tf.reduce_sum(tf.cast(tf.reduce_any(tf.not_equal(target, PAD_ID), axis=-1), loss.dtype))
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync  # as Keras: unscaled for distribution
+        self._loss_tracker.update_state(loss * tf.cast(replicas, loss.dtype), sample_weight=rows)
+        return self.compute_metrics(inputs, target, logits)
+
     def encode(self, src_ids, training=None):
         """`[batch, src_len]` ids → (memory `[batch, src_len, d_model]`, src_mask bool `[batch, src_len]`)."""
         src_mask = tf.not_equal(src_ids, PAD_ID)

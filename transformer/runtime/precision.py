@@ -12,10 +12,16 @@ to report.json as `run.precision_decision`. Explicit values always win; "auto" d
   `MIN_BF16_SPEEDUP` × as fast as float32 ones; otherwise float32. Without the flags
   there is no probe: bf16 is emulated there, several times slower.
 * TPU (`--strategy tpu`, untested here): bfloat16, XLA on.
-* XLA: on for a GPU with the optimized pipeline (a bounded set of batch shapes, so a few
-  compilations); off on CPU (measured on a 2-core Intel Xeon, float32: 3× fewer tokens/s, one
-  compilation per new bucket shape) and for the naive pipeline (a new shape almost every
-  batch).
+* XLA on a GPU with the optimized pipeline: on only when the run is long enough to repay its
+  compilations (`XlaWorkload`): XLA compiles one program per batch shape (train step, and
+  evaluation step when fit validates), ~40 s each for the default model on an H100 (measured;
+  a short run there made 9 steps in 4.6 minutes, all compiling, where non-XLA steps take 35 ms).
+  Rule: on when programs × `GPU_XLA_COMPILE_S` ≤ `XLA_MAX_COMPILE_SHARE` (10%) of the
+  planned training time (the time budget, else planned steps × the measured non-XLA H100
+  step time). With the geometric grid's extra padding (20.7% vs 14.6% for the width grid on
+  the Bible corpus) that pays off when XLA makes steps at least ~16% faster, which is assumed,
+  not measured here. Off for the naive pipeline (a new shape almost every batch) and on CPU
+  (measured on a 2-core Xeon: 3× fewer tokens/s, one compilation per new bucket shape).
 
 The probe (`probe_bf16_speedup`, about 1 s) times alternating chains of 1024² matmuls in both
 dtypes and keeps the best time of each. Best-of does not survive a competing process: on a
@@ -354,24 +360,71 @@ def _auto_cpu(facts: DeviceFacts, probe) -> tuple[str, str, Optional[ProbeResult
     return "off", f"{cpu} has {flags} but {measured} < {MIN_BF16_SPEEDUP}× → float32", result, cached
 
 
-def _auto_xla(device: str, pipeline_kind: str) -> tuple[bool, str]:
+GPU_XLA_COMPILE_S = 40.0  # one XLA compilation of the default model's train step on an H100 (measured)
+GPU_STEP_S = ((2048, 0.0355), (16384, 0.0479))  # (padded tokens per batch, non-XLA step s) on an H100 (measured)
+XLA_MAX_COMPILE_SHARE = 0.10  # --xla auto on a GPU: compilations may take at most this share of the training
+
+
+def gpu_step_s(tokens_per_batch: int) -> float:
+    """Non-XLA train step seconds on an H100 at `tokens_per_batch`: linear through `GPU_STEP_S`."""
+    (t0, s0), (t1, s1) = GPU_STEP_S
+    return max(s0 + (s1 - s0) * (tokens_per_batch - t0) / (t1 - t0), s0 / 2)
+
+
+@dataclass(frozen=True)
+class XlaWorkload:
+    """What `--xla auto` weighs on a GPU: the XLA programs a run compiles against its training time.
+
+    programs: batch shapes the compiled steps meet: the train step's, plus the evaluation
+      step's when fit validates (each shape of each step is one XLA compilation).
+    budget_s: the time budget in seconds, or None.
+    steps: planned optimizer steps (epochs × batches per epoch), or None when not known.
+    tokens_per_batch: padded tokens per batch per side, for the step-time estimate.
+    """
+
+    programs: int
+    budget_s: Optional[float] = None
+    steps: Optional[int] = None
+    tokens_per_batch: int = 2048
+
+    def train_s(self) -> Optional[float]:
+        """Planned training seconds: the budget, else steps × `gpu_step_s`; None when unknown."""
+        if self.budget_s is not None:
+            return self.budget_s
+        return None if self.steps is None else self.steps * gpu_step_s(self.tokens_per_batch)
+
+
+def _auto_xla(device: str, pipeline_kind: str, workload: Optional[XlaWorkload] = None) -> tuple[bool, str]:
     if device == "tpu":
         return True, "XLA on: TPU programs are always compiled"
-    if device == "gpu" and pipeline_kind == "optimized":
-        return True, "XLA on: GPU with bucketed batches (a bounded set of shapes to compile)"
-    if device == "gpu":
+    if device != "gpu":
+        return False, "XLA off on CPU: measured 3× slower there (a compilation per bucket shape, no faster kernels)"
+    if pipeline_kind != "optimized":
         return False, "XLA off: the naive pipeline makes a new batch shape (a new compilation) almost every step"
-    return False, "XLA off on CPU: measured 3× slower there (a compilation per bucket shape, no faster kernels)"
+    train_s = workload.train_s() if workload is not None else None
+    if train_s is None:
+        return True, "XLA on: GPU with bucketed batches (run length not given: assumed long enough to repay compiling)"
+    compile_s = workload.programs * GPU_XLA_COMPILE_S
+    step_ms = gpu_step_s(workload.tokens_per_batch) * 1e3
+    planned = (f"the {train_s / 60:.0f}-minute budget" if workload.budget_s is not None
+               else f"~{train_s / 60:.1f} min of training ({workload.steps:,} steps × {step_ms:.0f} ms)")
+    cost = f"{workload.programs} programs × ~{GPU_XLA_COMPILE_S:.0f} s to compile (H100) = {compile_s / 60:.1f} min"
+    if compile_s <= XLA_MAX_COMPILE_SHARE * train_s:
+        return True, f"XLA on: {cost} ≤ {XLA_MAX_COMPILE_SHARE:.0%} of {planned}"
+    return False, (f"XLA off: {cost} > {XLA_MAX_COMPILE_SHARE:.0%} of {planned}: too short to repay compiling "
+                   "(--xla on forces it)")
 
 
 def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, device: str = "cpu",
                      pipeline_kind: str = "optimized", *, facts: Optional[DeviceFacts] = None,
-                     probe=probe_bf16_speedup) -> PrecisionDecision:
+                     probe=probe_bf16_speedup, workload: Optional[XlaWorkload] = None) -> PrecisionDecision:
     """Resolves `--mixed-precision` / `--xla` (possibly "auto" / None) for `device` (cpu | gpu | tpu).
 
     The one function scripts and notebooks call. `facts` and `probe` are injectable for
     tests; by default they are read from this machine (probe results cached, see
-    `cache_path`). Explicit values win; "auto" follows the rules of the module docstring.
+    `cache_path`). `workload`: what the run compiles and how long it trains, for XLA auto on
+    a GPU (None: assumed long). Explicit values win; "auto" follows the rules of the module
+    docstring.
     """
     if mixed_precision not in PRECISIONS:
         raise ValueError(f"--mixed-precision must be {one_of(PRECISIONS)}, got {mixed_precision!r}")
@@ -391,7 +444,93 @@ def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, 
     else:
         mode, reason, result, cached = _auto_cpu(facts, probe)
     if xla is None:
-        use_xla, xla_reason = _auto_xla(facts.device, pipeline_kind)
+        use_xla, xla_reason = _auto_xla(facts.device, pipeline_kind, workload)
     else:
         use_xla, xla_reason = bool(xla), f"requested {'--xla' if xla else '--no-xla'}"
     return PrecisionDecision(mixed_precision, xla, mode, use_xla, reason, xla_reason, facts, result, cached)
+
+
+# --- XLA's persistent program cache -------------------------------------------------------
+
+XLA_CACHE_ENV = "TRANSFORMER_XLA_CACHE"
+XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
+
+
+def machine_key() -> str:
+    """Identifies this machine's compiled code: CPU model and every CPU flag, TF version, GPU names.
+
+    Compiled XLA programs are machine code: a cache on a home directory shared by several
+    machines must not hand one machine's programs to another.
+    """
+    import tensorflow as tf
+
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.split(":")[0].strip().lower() in ("flags", "features"):
+                flags = " ".join(sorted(line.partition(":")[2].split()))
+                break
+    except OSError:
+        pass
+    fields = {"cpu_model": cpu_facts()[0], "cpu_flags": flags, "tensorflow": tf.__version__, "gpus": _gpu_names()}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _gpu_names() -> list[str]:
+    """GPU names from `nvidia-smi` (without starting TensorFlow's devices); [] without one."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return []
+    try:
+        done = subprocess.run([binary, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(line.strip() for line in done.stdout.splitlines() if line.strip())
+
+
+def xla_cache_dir(setting: str) -> Optional[Path]:
+    """The directory of XLA's persistent cache for `--xla-cache` (auto | off | DIR); None: off.
+
+    auto: `$TRANSFORMER_XLA_CACHE` (a directory, or off), else
+    `$XDG_CACHE_HOME/transformer-nmt/xla/<machine_key()>` (default `~/.cache/...`): shared by
+    the runs of this machine, so a program compiled once is loaded, not compiled, by later runs
+    that trace the same step (same model, batch shapes, and start-up: TensorFlow names a traced
+    function by a process-wide counter, which is part of the cache key, so a run that first
+    learns its tokenizers keys its programs apart from the runs that load them).
+    """
+    if setting == "auto":
+        setting = os.environ.get(XLA_CACHE_ENV, "").strip() or "auto"
+    if setting == "off":
+        return None
+    if setting != "auto":
+        return Path(setting)
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "transformer-nmt" / "xla" / machine_key()
+
+
+def xla_cache_entries(directory: Optional[Path]) -> int:
+    """Programs stored in an XLA persistent cache directory (0 when absent)."""
+    if directory is None or not directory.is_dir():
+        return 0
+    return sum(1 for path in directory.iterdir() if path.name.startswith("xla_compile_cache"))
+
+
+def enable_xla_cache(setting: str) -> Optional[dict]:
+    """Names the persistent cache directory in `$TF_XLA_FLAGS`; returns its report entry, or None.
+
+    TensorFlow reads `$TF_XLA_FLAGS` once, when it first lists its devices, so this must run
+    before that; later it has no effect (the report's `new_entries` then stays 0 while
+    programs compile). A directory already named in `$TF_XLA_FLAGS` wins.
+    """
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    given = [item.partition("=")[2] for item in flags.split() if item.startswith(XLA_CACHE_FLAG + "=")]
+    directory = Path(given[-1]) if given else xla_cache_dir(setting)
+    if directory is None:
+        return None
+    if not given:
+        os.environ["TF_XLA_FLAGS"] = f"{flags} {XLA_CACHE_FLAG}={directory}".strip()
+    return {"directory": str(directory), "entries_before": xla_cache_entries(directory)}

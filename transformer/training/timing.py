@@ -33,6 +33,14 @@ every time (`float(logs["loss"])`, which Keras already does for non-async callba
 steps do not overlap on the device. `measure_input_wait=False` leaves `train_function`
 untouched (no wait, no token counts, no FLOPs), to check the overhead.
 
+Compilations. The compiled step is traced once (above), and with XLA (`jit_compile`) that one
+trace compiles an XLA program for every new input shape it meets: the distinct batch shapes
+*are* the XLA compilations. The timer records them per step function in the report's
+`compile` section (`ShapeLog`): the shapes, the tracing count of the step's `tf.function`,
+and the seconds of the steps that met a new shape. Evaluation inside `fit` (Keras'
+`test_function`) is wrapped the same way from `on_test_begin` to `on_test_end`, so its
+shapes are counted too (its batches then also go one call per batch through the step).
+
 Size: over ~350 lines on purpose: the timed iterator, the execution bookkeeping and the
 callback are one mechanism (Keras internals it wraps are documented here once).
 """
@@ -55,6 +63,7 @@ from transformer.measure.step_stats import StepRecord
 from transformer.runtime.flops import TransformerDims, measure_peak_flops
 
 _ORIGINAL = "_batch_timer_original"
+_STEP_FUNCTIONS = {"train": "train_function", "evaluate": "test_function"}  # report name → Keras attribute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +148,30 @@ class _TimedIterator:
             batch, self._first, self._first_pending = self._first, None, False
             return batch
         return self._fetch()
+
+
+@dataclasses.dataclass
+class ShapeLog:
+    """The distinct batch shapes one compiled step function met (one XLA program each with XLA)."""
+
+    first_s: dict = dataclasses.field(default_factory=dict)  # (rows, src_len, tgt_len) → s of its first step
+
+    def add(self, counts: list, seconds: float) -> bool:
+        """Records the shapes of one execution's batches; True (and `seconds` kept) if one was new."""
+        shapes = [(c.examples, c.src_len, c.tgt_len) for c in counts if c is not None]
+        new = [shape for shape in dict.fromkeys(shapes) if shape not in self.first_s]
+        for shape in new:
+            self.first_s[shape] = seconds / len(new)
+        return bool(new)
+
+    def to_dict(self, xla: bool, traces: Optional[int]) -> dict:
+        """Report entry: shapes `[rows, src_len, tgt_len]`, XLA compilations (one per shape of the one
+        trace; an upper bound, shapes × traces, if the step was retraced; 0 without XLA), the tracing
+        count, and wall seconds of the steps that met a new shape (compiling and running)."""
+        return {"shapes": sorted(list(shape) for shape in self.first_s),
+                "compilations": len(self.first_s) * max(traces or 1, 1) if xla else 0,
+                "traces": traces,
+                "new_shape_steps_s": round(sum(self.first_s.values()), 3)}
 
 
 def _unwrapped(train_function: Callable) -> Callable:
@@ -246,6 +279,9 @@ class BatchTimer(keras.callbacks.Callback):
         self._epoch = 0
         self._has_gpu = False
         self._execution = _Execution()
+        self._test_execution = _Execution()
+        self._shapes = {"train": ShapeLog(), "evaluate": ShapeLog()}
+        self._test_start = 0.0
         self._batch_index = 0
         self._step_start = 0.0
         self._train_start = 0.0
@@ -274,7 +310,7 @@ class BatchTimer(keras.callbacks.Callback):
         if self._has_gpu:
             tf.config.experimental.reset_memory_stats("GPU:0")
         if self.measure_input_wait:
-            self._wrap_train_function()
+            self._wrap(_STEP_FUNCTIONS["train"], "_execution")
         self._wall_before = self.report.train_wall_s or 0.0
         self._train_start = self._last_write = time.perf_counter()
         self.report.write()
@@ -291,13 +327,33 @@ class BatchTimer(keras.callbacks.Callback):
         loss = _sync(logs)
         now = time.perf_counter()
         self.report.add_step(self._record(now - self._step_start, batch, loss))
+        if self._shapes["train"].add(self._execution.counts, now - self._step_start):
+            self._report_shapes("train")
         self.report.train_wall_s = self._wall_before + (now - self._train_start)
         if self.write_every_s is not None and now - self._last_write >= self.write_every_s:
             self.report.write()
             self._last_write = time.perf_counter()
 
+    def on_test_begin(self, logs=None):
+        if self.measure_input_wait:
+            self._wrap(_STEP_FUNCTIONS["evaluate"], "_test_execution")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._test_execution = _Execution()
+        self._test_start = time.perf_counter()
+
+    def on_test_batch_end(self, batch, logs=None):
+        _sync(logs)
+        if self._shapes["evaluate"].add(self._test_execution.counts, time.perf_counter() - self._test_start):
+            self._report_shapes("evaluate")
+
+    def on_test_end(self, logs=None):
+        self._report_shapes("evaluate")
+        self._restore(_STEP_FUNCTIONS["evaluate"])
+
     def on_train_end(self, logs=None):
-        self._restore_train_function()
+        self._report_shapes("train")
+        self._restore(_STEP_FUNCTIONS["train"])
         self.report.train_wall_s = self._wall_before + (time.perf_counter() - self._train_start)
         if self.report.guarded:
             self.report.write()  # the guard sets the final state
@@ -319,27 +375,41 @@ class BatchTimer(keras.callbacks.Callback):
     def _count(self, batch: Any) -> Optional[BatchCounts]:
         return batch_counts(batch, self.pad_id)
 
-    def _wrap_train_function(self) -> None:
-        if self.model.train_function is None:  # not the TF trainer's fit(): nothing to wrap
-            warnings.warn("BatchTimer: model.train_function is not built; input wait not measured")
+    def _wrap(self, name: str, execution: str) -> None:
+        """Replaces `model.<name>` (train_function | test_function) by the timed wrapper.
+
+        `execution`: the attribute holding the `_Execution` of the current step.
+        """
+        if getattr(self.model, name, None) is None:  # not the TF trainer's fit(): nothing to wrap
+            warnings.warn(f"BatchTimer: model.{name} is not built; input wait not measured")
             return
-        original = _unwrapped(self.model.train_function)
+        original = _unwrapped(getattr(self.model, name))
         timer = self
         pretraced = False
 
-        def timed_train_function(iterator):
+        def timed_function(iterator):
             nonlocal pretraced
             if not pretraced:
                 _pretrace(original, iterator)
                 pretraced = True
-            return original(_TimedIterator(iterator, timer._execution, timer._count))
+            return original(_TimedIterator(iterator, getattr(timer, execution), timer._count))
 
-        setattr(timed_train_function, _ORIGINAL, original)
-        self.model.train_function = timed_train_function
+        setattr(timed_function, _ORIGINAL, original)
+        setattr(self.model, name, timed_function)
 
-    def _restore_train_function(self) -> None:
-        if self.model is not None and self.model.train_function is not None:
-            self.model.train_function = _unwrapped(self.model.train_function)
+    def _restore(self, name: str) -> None:
+        if self.model is not None and getattr(self.model, name, None) is not None:
+            setattr(self.model, name, _unwrapped(getattr(self.model, name)))
+
+    def _report_shapes(self, step: str) -> None:
+        """Writes the shapes met by `step` (train | evaluate) into the report's `compile` section."""
+        log = self._shapes[step]
+        if not log.first_s:
+            return
+        function = getattr(self.model, _STEP_FUNCTIONS[step], None)
+        compiled = _compiled_step(_unwrapped(function)) if function is not None else None
+        traces = compiled.experimental_get_tracing_count() if compiled is not None else None
+        self.report.compile[step] = log.to_dict(bool(getattr(self.model, "jit_compile", False)), traces)
 
     def _record(self, time_s: float, end_batch: int, loss: Optional[float]) -> StepRecord:
         execution = self._execution

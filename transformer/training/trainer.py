@@ -42,7 +42,7 @@ from transformer.base import atomic
 from transformer.base.config import ModelConfig, RunConfig, parse_profile_steps
 from transformer.base.errors import OutputExistsError
 from transformer.data.corpora import load_corpus
-from transformer.data.pipeline import make_batches
+from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets
 from transformer.data.tokenizer import build_or_load_tokenizers, load_tokenizers
 from transformer.inference.rundir import (
     BACKUP_DIR,
@@ -63,7 +63,7 @@ from transformer.runtime import distribute
 from transformer.runtime.devices import select_device, set_precision
 from transformer.runtime.faults import DivergenceGuard, InterruptHandler
 from transformer.runtime.flops import TransformerDims
-from transformer.runtime.precision import decide_precision
+from transformer.runtime.precision import PrecisionDecision, decide_precision, enable_xla_cache, xla_cache_entries
 from transformer.runtime.runlock import RunLock, make_run_dir
 from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
 from transformer.training.backup import StepBackupAndRestore, snapshots
@@ -74,7 +74,7 @@ from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
 from transformer.training.timing import BatchTimer
-from transformer.training.training_data import count_batches, epoch_steps, tokenized_training_pairs
+from transformer.training.training_data import count_batches, epoch_steps, tokenized_training_pairs, xla_workload
 from transformer.training.validation_bleu import ValidationBleu, fixed_sample
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,8 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     keeps its own layers' policies), so a caller's later models are not built in bfloat16.
     """
     config.validate()
+    # before TensorFlow lists its devices (it reads $TF_XLA_FLAGS once); inert when nothing compiles
+    xla_cache = enable_xla_cache(config.train.xla_cache) if config.train.xla is not False else None
     run_dir = Path(config.train.output_dir)
     strategy_name = distribute.resolve_strategy_name(config.train.strategy)
     role = distribute.task_role(strategy_name)
@@ -193,11 +195,11 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
         if role.is_chief:  # one writer per run directory (other workers write to temporary directories)
             stack.enter_context(RunLock(make_run_dir(run_dir)))
         interrupts = stack.enter_context(InterruptHandler())
-        return _train_locked(config, run_dir, strategy_name, role, interrupts, extra_callbacks)
+        return _train_locked(config, run_dir, strategy_name, role, interrupts, extra_callbacks, xla_cache)
 
 
 def _train_locked(config: RunConfig, run_dir: Path, strategy_name: str, role: distribute.TaskRole,
-                  interrupts: InterruptHandler, extra_callbacks: tuple) -> TrainResult:
+                  interrupts: InterruptHandler, extra_callbacks: tuple, xla_cache: Optional[dict]) -> TrainResult:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     backup = _has_backup(run_dir)
     if not (config.train.resume or backup) and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
@@ -216,6 +218,7 @@ def _train_locked(config: RunConfig, run_dir: Path, strategy_name: str, role: di
                                 steps_planned=config.train.planned_steps)
         if config.train.resume or backup:
             report.continue_from_disk()  # a resumed run appends to its earlier measurements
+        report.compile["persistent_cache"] = xla_cache
         with report.guard():
             return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
                           report, extra_callbacks, interrupts)
@@ -230,11 +233,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     device = select_device(config.train.device)
     strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
     replicas = int(strategy.num_replicas_in_sync)
+    requested = config
     decision = decide_precision(config.train.mixed_precision, config.train.xla,
                                 "tpu" if strategy_name == "tpu" else device, config.pipeline.kind)
-    log.info("%s", decision.summary())
-    report.run["precision_decision"] = decision.to_dict()
-    config = config.replace(train={"mixed_precision": decision.mixed_precision, "xla": decision.xla})
+    config = _with_decision(requested, decision)  # XLA on a GPU may still change (`_decide_xla`)
     policy = set_precision(config.train.mixed_precision, device)
     keras.utils.set_random_seed(config.train.seed)
 
@@ -255,19 +257,28 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
-    config.save(write_dir / CONFIG_FILE)
-    report.run.update(run_description(config, device, replicas))
-    report.run["distribution"] = distribute.describe(strategy, strategy_name, role)
-    log.info("strategy %s: %d replica(s), global batch = per-replica batch × %d (%s)",
-             strategy_name, replicas, replicas, report.run["batching"])
+    requested = dataclasses.replace(requested, model=model_config)
 
     budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
     # the training split tokenized once: for counting an epoch's batches and for training
     tokenized = tokenized_training_pairs(corpus, tokenizers, config) if strategy_name != "tpu" else None
     counting = time.perf_counter()
-    steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
+    decision, config, steps_per_epoch = _decide_xla(requested, decision, config, corpus, tokenizers, strategy_name,
+                                                    replicas, tokenized)
+    if steps_per_epoch is None:
+        steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
     if steps_per_epoch is not None and not config.train.steps_per_epoch:
         log.info("one epoch = %d batches (counted in %.1f s)", steps_per_epoch, time.perf_counter() - counting)
+    log.info("%s", decision.summary())
+    report.run["precision_decision"] = decision.to_dict()
+    config.save(write_dir / CONFIG_FILE)
+    report.run.update(run_description(config, device, replicas))
+    report.run["distribution"] = distribute.describe(strategy, strategy_name, role)
+    bucketed = config.pipeline.kind == "optimized" and strategy_name != "tpu"  # TPU: one static shape
+    report.compile.update(xla=config.train.xla,
+                          length_grid=length_grid(config.pipeline, model_config.max_length) if bucketed else None)
+    log.info("strategy %s: %d replica(s), global batch = per-replica batch × %d (%s)",
+             strategy_name, replicas, replicas, report.run["batching"])
     total_steps = config.train.planned_steps
     if config.train.lr_schedule == "cosine" and budget_s is None and total_steps is None:
         total_steps = config.train.planned_epochs * (
@@ -359,12 +370,64 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     summary["tokens_seen"] = report.tokens_seen()
     summary["best_validation_bleu"] = bleu.best if bleu is not None else None
     report.run["stopped_by"] = summary["stopped_by"]
+    _log_compilations(report)
     report.run.update(budget_clock=summary["budget_clock"], time_s=summary["time_s"])
     summary["step_time"] = report.summary()
     summary["replicas"] = replicas
     atomic.write_json(write_dir / SUMMARY_FILE, summary)
     # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
     return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
+
+
+def _with_decision(requested: RunConfig, decision: PrecisionDecision) -> RunConfig:
+    """`requested` with the decided precision and XLA, and `--length-buckets auto` resolved for that XLA."""
+    return requested.replace(train={"mixed_precision": decision.mixed_precision, "xla": decision.xla},
+                             pipeline=resolve_length_buckets(requested.pipeline, decision.xla))
+
+
+def _decide_xla(requested: RunConfig, decision: PrecisionDecision, config: RunConfig, corpus, tokenizers,
+                strategy_name: str, replicas: int, tokenized) -> tuple[PrecisionDecision, RunConfig, Optional[int]]:
+    """`--xla auto` on a GPU: weighs the run's compilations against its training time.
+
+    Returns (decision, config, batches per epoch if counted here, else None). Without a time
+    budget or `--steps-per-epoch` the training time needs the epoch's batch count: counted
+    with the grid XLA would use; when XLA then ends off the grid changes, and so does the count.
+    """
+    if requested.train.xla is not None or decision.facts.device != "gpu" or requested.pipeline.kind != "optimized":
+        return decision, config, None
+    validation = corpus.validation is not None
+    workload = xla_workload(config, None, validation)
+    steps_per_epoch = None
+    if workload.train_s() is None:
+        steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
+        workload = xla_workload(config, steps_per_epoch, validation)
+    final = decide_precision(requested.train.mixed_precision, None, decision.facts.device, requested.pipeline.kind,
+                             facts=decision.facts, workload=workload)
+    if final.xla == decision.xla:
+        return final, config, steps_per_epoch
+    return final, _with_decision(requested, final), None
+
+
+def _log_compilations(report: StepTimeReport) -> None:
+    """Adds the persistent cache's entries after the run to `report.compile` and logs the compilations."""
+    compiled = report.compile
+    cache = compiled.get("persistent_cache")
+    if cache is not None:
+        cache["entries_after"] = xla_cache_entries(Path(cache["directory"]))
+    if not compiled.get("xla"):
+        return
+    steps = {name: compiled[name] for name in ("train", "evaluate") if name in compiled}
+    if cache is not None and cache["entries_before"] == cache["entries_after"] == 0 and \
+            any(entry["compilations"] for entry in steps.values()):
+        log.warning("XLA's persistent cache %s was not written: TensorFlow had read $TF_XLA_FLAGS before train() "
+                    "named it (call transformer.runtime.precision.enable_xla_cache before TensorFlow's first op)",
+                    cache["directory"])
+    log.info("XLA: %s compilations over a grid of %d lengths%s",
+             ", ".join(f"{name} {entry['compilations']} ({entry['new_shape_steps_s']:.1f} s in steps meeting a new shape)"
+                       for name, entry in steps.items()) or "no",
+             len(compiled.get("length_grid") or ()),
+             f"; persistent cache {cache['directory']}: {cache['entries_before']} → {cache['entries_after']} programs"
+             if cache is not None else "")
 
 
 def _evaluates_loss(callbacks: list) -> bool:

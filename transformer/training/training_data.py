@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Optional
 
 from transformer.base.config import RunConfig
-from transformer.data.pipeline import make_batches, tokenize_mixture, tokenize_pairs
+from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets, tokenize_mixture, tokenize_pairs
 from transformer.runtime import distribute
+from transformer.runtime.precision import XlaWorkload
 
 
 def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
@@ -59,6 +60,26 @@ def epoch_steps(corpus, tokenizers, config: RunConfig, strategy_name: str, repli
     if strategy_name == "tpu":
         return None
     return count_batches(corpus, tokenizers, config, replicas, tokenized)
+
+
+def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: bool) -> XlaWorkload:
+    """What the run would compile with XLA and how long it trains (`precision.XlaWorkload`).
+
+    Programs: one per length of the XLA grid for the train step, as many again for the
+    evaluation step when `fit` validates (a validation split and no budgeted BLEU evaluation,
+    which measures the loss itself, uncompiled). Steps: `planned_steps`, else planned epochs ×
+    `steps_per_epoch` (None: unknown). Under a time budget, the budget.
+    """
+    train = config.train
+    budget_s = train.time_budget_minutes * 60 if train.time_budget_minutes is not None else None
+    shapes = len(length_grid(resolve_length_buckets(config.pipeline, True), config.model.max_length))
+    fit_validates = validation and not (budget_s is not None and train.bleu_sentences)
+    steps = train.planned_steps
+    if steps is None and budget_s is None and steps_per_epoch is not None:
+        steps = train.planned_epochs * steps_per_epoch
+    tokens = config.pipeline.max_tokens or config.pipeline.batch_size * config.model.max_length
+    return XlaWorkload(programs=shapes * (2 if fit_validates else 1), budget_s=budget_s, steps=steps,
+                       tokens_per_batch=tokens)
 
 
 def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int, tokenized=None,

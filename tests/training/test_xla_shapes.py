@@ -1,0 +1,280 @@
+"""XLA that compiles a few programs, once: the length grid, fixed evaluation rows, the
+compilations counted in report.json, XLA's persistent cache, and `--xla auto` on a GPU.
+
+XLA compiles one program per input shape of a compiled step. The pipeline's length grid
+bounds the shapes (training drops remainders; with a grid meant for XLA, evaluation batches
+are padded to full rows with all-pad rows that the masked loss ignores). One whole epoch
+with `--xla on` runs in a fresh process, where XLA's own persistent cache counts what was
+compiled (one file per program) and shows a second identical run loading, not compiling.
+"""
+
+import collections
+import json
+import os
+import subprocess
+
+import pytest
+
+from transformer.base import cli
+from transformer.base.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
+from transformer.base.constants import PAD_ID
+from transformer.base.errors import ConfigError
+from transformer.data.pipeline import geometric_lengths, length_grid, make_batches, padded_lengths, resolve_length_buckets
+from transformer.inference.rundir import build_model
+from transformer.model.optimizer import compile_model
+from transformer.runtime.precision import (
+    GPU_XLA_COMPILE_S,
+    XLA_MAX_COMPILE_SHARE,
+    DeviceFacts,
+    XlaWorkload,
+    decide_precision,
+    enable_xla_cache,
+    xla_cache_dir,
+)
+from transformer.training.training_data import xla_workload
+
+MAX_LENGTH = 32
+GRID = [16, 24, 32]  # geometric_lengths(32)
+MAX_TOKENS = 256
+H100 = DeviceFacts("gpu", "AMD EPYC", (), gpu_capability=(9, 0))
+
+
+# ---------------------------------------------------------------------------- the grid
+
+
+def test_geometric_grid_has_few_lengths_capped_at_max_length():
+    assert geometric_lengths(128) == [16, 24, 32, 48, 64, 96, 128]
+    assert geometric_lengths(200) == [16, 24, 32, 48, 64, 96, 128, 192, 200]
+    assert geometric_lengths(MAX_LENGTH) == GRID
+    assert geometric_lengths(20) == [16, 20] and geometric_lengths(10) == [10]
+    for max_length in range(1, 300):
+        lengths = geometric_lengths(max_length)
+        assert lengths == sorted(set(lengths)) and lengths[-1] == max_length
+        assert all(b <= max(1.5 * a, 16) for a, b in zip([0, *lengths], lengths))  # each ≤ 1.5× the one before
+
+
+def test_length_buckets_resolve_for_xla_and_explicit_lengths_are_capped():
+    auto = PipelineConfig()
+    assert auto.length_buckets == "auto" and length_grid(auto, 128) == padded_lengths(128, 8)  # 16 lengths
+    assert resolve_length_buckets(auto, xla=True).length_buckets == "geometric"
+    assert resolve_length_buckets(auto, xla=False).length_buckets == "width"
+    explicit = PipelineConfig(length_buckets="16,32,64,256")
+    assert resolve_length_buckets(explicit, xla=False) is explicit
+    assert length_grid(explicit, 128) == [16, 32, 64, 128]
+    assert length_grid(PipelineConfig(length_buckets="width", bucket_width=32), 100) == [32, 64, 96, 100]
+
+
+def test_length_buckets_flag_config_and_errors():
+    parser = cli.argparse.ArgumentParser()
+    cli.add_pipeline_args(parser)
+    cli.add_train_args(parser)
+    config = cli.run_config_from_args(parser.parse_args(["--length-buckets", "geometric", "--xla-cache", "off"]))
+    assert config.pipeline.length_buckets == "geometric" and config.train.xla_cache == "off"
+    assert RunConfig.from_dict(config.to_dict()) == config  # saved with the checkpoints
+    assert RunConfig().pipeline.length_buckets == "auto" and RunConfig().train.xla_cache == "auto"
+    for bad in ("16,8", "0,16", "fine", "16,,32"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--length-buckets", bad])
+        with pytest.raises(ValueError, match="pipeline.length_buckets"):
+            RunConfig().replace(pipeline={"length_buckets": bad}).validate()
+    namespace = parser.parse_args([])
+    namespace.length_buckets = "32,16"  # e.g. from a preset: the config error names the flag
+    with pytest.raises(ConfigError, match=r"^pipeline.length_buckets must be .* \(flag --length-buckets\)"):
+        cli.run_config_from_args(namespace)
+
+
+def test_argparse_error_names_the_flag(capsys):
+    parser = cli.argparse.ArgumentParser()
+    cli.add_pipeline_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--length-buckets", "64,32"])
+    assert "error: argument --length-buckets: must be increasing lengths" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- an epoch's batches
+
+
+def batch_shapes(batches) -> list[tuple]:
+    return [(src.shape, tgt_in.shape, tgt_out.shape) for (src, tgt_in), tgt_out in batches.as_numpy_iterator()]
+
+
+def test_every_batch_of_an_epoch_has_a_shape_of_the_grid(bible_tokenizers):
+    config = PipelineConfig(max_tokens=MAX_TOKENS, length_buckets="geometric")
+    rows = {length: MAX_TOKENS // length for length in GRID}
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    train = batch_shapes(make_batches(corpus.train, tokenizers, config, MAX_LENGTH, training=True, seed=0))
+    val = batch_shapes(make_batches(corpus.validation, tokenizers, config, MAX_LENGTH, training=False))
+    for src, tgt_in, tgt_out in train + val:
+        length = src[1]
+        assert length in GRID and src == tgt_in == tgt_out == (rows[length], length)  # full rows, training and evaluation
+        assert src[0] * src[1] <= MAX_TOKENS
+    assert len(set(train)) == len(GRID)  # the whole epoch: every length used, no other shape
+    assert set(val) <= set(train)
+    # without XLA's grid evaluation batches keep their partial last batches: more shapes
+    fine = batch_shapes(make_batches(corpus.validation, tokenizers, PipelineConfig(max_tokens=MAX_TOKENS), MAX_LENGTH,
+                                     training=False))
+    assert any(src[0] != MAX_TOKENS // src[1] for src, _, _ in fine)
+
+
+def real_rows(batches) -> collections.Counter:
+    """(src ids, tgt_out ids) without padding, for every row holding a target token; checks pad rows."""
+    found = collections.Counter()
+    for (src, tgt_in), tgt_out in batches.as_numpy_iterator():
+        empty = (tgt_out == PAD_ID).all(axis=1)
+        assert (src[empty] == PAD_ID).all() and (tgt_in[empty] == PAD_ID).all()  # pad rows are all pad
+        assert not empty[: (~empty).sum()].any()  # appended after the real rows
+        found.update((tuple(s[s != PAD_ID]), tuple(t[t != PAD_ID])) for s, t in zip(src[~empty], tgt_out[~empty]))
+    return found
+
+
+def test_padded_evaluation_rows_hold_every_pair_once(bible_tokenizers):
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    padded = make_batches(corpus.validation, tokenizers, PipelineConfig(max_tokens=MAX_TOKENS, length_buckets="geometric"),
+                          MAX_LENGTH, training=False)
+    unpadded = make_batches(corpus.validation, tokenizers, PipelineConfig(max_tokens=MAX_TOKENS), MAX_LENGTH,
+                            training=False)
+    assert real_rows(padded) == real_rows(unpadded)
+    assert sum(real_rows(padded).values()) == corpus.num_validation
+
+
+def test_padded_validation_rows_leave_loss_and_metrics_unchanged(bible_tokenizers, tiny_model_config):
+    """Keras `evaluate` (fit's validation pass) on batches padded with all-pad rows = on the same batches unpadded."""
+    tokenizers = bible_tokenizers.tokenizers
+    model_config = tiny_model_config(num_layers=1, max_length=MAX_LENGTH,
+                                     src_vocab_size=int(tokenizers.src.get_vocab_size()),
+                                     tgt_vocab_size=int(tokenizers.tgt.get_vocab_size()))
+    model = build_model(model_config)
+    compile_model(model, RunConfig(model=model_config, train=TrainConfig(xla=False, lr_schedule="inverse-sqrt")))
+    config = PipelineConfig(max_tokens=MAX_TOKENS, length_buckets="geometric")
+    padded = list(make_batches(bible_tokenizers.corpus.validation, tokenizers, config, MAX_LENGTH,
+                               training=False).as_numpy_iterator())
+    unpadded = []
+    for (src, tgt_in), tgt_out in padded:
+        real = ~(tgt_out == PAD_ID).all(axis=1)
+        unpadded.append(((src[real], tgt_in[real]), tgt_out[real]))
+    assert any(len(u[1]) < len(p[1]) for u, p in zip(unpadded, padded))  # some batches were padded
+
+    def evaluate(batches):
+        logs = model.evaluate(iter_dataset(batches), verbose=0, return_dict=True)
+        return logs["loss"], logs["masked_accuracy"]
+
+    assert evaluate(padded) == pytest.approx(evaluate(unpadded), rel=1e-6)
+    for ((src, tgt_in), tgt_out), ((usrc, utgt_in), utgt_out) in zip(padded, unpadded):  # and batch by batch
+        loss = model.loss(tgt_out, model((src, tgt_in), training=False))
+        assert float(loss) == pytest.approx(float(model.loss(utgt_out, model((usrc, utgt_in), training=False))),
+                                            rel=1e-5)
+
+
+def iter_dataset(batches):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_generator(
+        lambda: iter(batches),
+        output_signature=((tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)),
+                          tf.TensorSpec([None, None], tf.int32)))
+
+
+# ---------------------------------------------------------------------------- --xla auto on a GPU
+
+
+def test_xla_auto_on_a_gpu_weighs_compilations_against_the_run():
+    def decide(workload):
+        return decide_precision("auto", None, "gpu", facts=H100, workload=workload)
+
+    short = decide(XlaWorkload(programs=7, budget_s=5 * 60))  # the H100 run: 9 steps in 4.6 min, all compiling
+    assert short.xla is False and short.xla_reason.startswith("XLA off: 7 programs × ~40 s")
+    assert "--xla on forces it" in short.xla_reason
+    long_enough = 7 * GPU_XLA_COMPILE_S / XLA_MAX_COMPILE_SHARE  # 2,800 s
+    assert decide(XlaWorkload(programs=7, budget_s=long_enough)).xla is True
+    assert decide(XlaWorkload(programs=14, budget_s=long_enough)).xla is False  # + evaluation programs
+    steps = XlaWorkload(programs=7, steps=100_000)  # × 35.5 ms = 59 min of training
+    assert steps.train_s() == pytest.approx(3550) and decide(steps).xla is True
+    assert "100,000 steps × 36 ms" in decide(steps).xla_reason
+    assert decide(XlaWorkload(programs=7, steps=1_000)).xla is False
+    assert XlaWorkload(programs=1, steps=1, tokens_per_batch=16384).train_s() == pytest.approx(0.0479)
+    assert decide(XlaWorkload(programs=7)).xla is True  # run length unknown: assumed long
+    assert decide(None).xla is True
+    # explicit flags win; CPU and the naive pipeline stay off whatever the run
+    assert decide_precision("auto", True, facts=H100, workload=XlaWorkload(programs=7, budget_s=60)).xla is True
+    cpu = DeviceFacts("cpu", "Intel Xeon", ())
+    assert decide_precision("auto", None, facts=cpu, workload=XlaWorkload(programs=1, budget_s=1e6)).xla is False
+    assert decide_precision("auto", None, "gpu", "naive", facts=H100,
+                            workload=XlaWorkload(programs=1, budget_s=1e6)).xla is False
+
+
+def test_xla_workload_counts_the_programs_a_run_compiles():
+    model = ModelConfig(max_length=128)
+    budgeted = RunConfig(model=model, train=TrainConfig(time_budget_minutes=30))
+    assert xla_workload(budgeted, None, validation=True) == XlaWorkload(programs=7, budget_s=1800, tokens_per_batch=2048)
+    no_bleu = budgeted.replace(train={"bleu_sentences": 0})  # fit validates every epoch: evaluation programs too
+    assert xla_workload(no_bleu, None, validation=True).programs == 14
+    epochs = RunConfig(model=model, train=TrainConfig(epochs=20))
+    assert xla_workload(epochs, None, validation=False) == XlaWorkload(programs=7)
+    assert xla_workload(epochs, 600, validation=True) == XlaWorkload(programs=14, steps=12_000)
+    given = epochs.replace(train={"steps_per_epoch": 50}, pipeline={"max_tokens": 4096})
+    assert xla_workload(given, None, validation=False) == XlaWorkload(programs=7, steps=1_000, tokens_per_batch=4096)
+
+
+# ---------------------------------------------------------------------------- the persistent cache
+
+
+def test_xla_cache_directory_and_flags(monkeypatch, tmp_path):
+    monkeypatch.delenv("TF_XLA_FLAGS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("TRANSFORMER_XLA_CACHE", raising=False)
+    auto = xla_cache_dir("auto")
+    assert auto.parent == tmp_path / "xdg" / "transformer-nmt" / "xla" and len(auto.name) == 16
+    assert xla_cache_dir("auto") == auto  # the same machine key every time
+    monkeypatch.setenv("TRANSFORMER_XLA_CACHE", str(tmp_path / "env"))
+    assert xla_cache_dir("auto") == tmp_path / "env" and xla_cache_dir("off") is None
+    monkeypatch.setenv("TRANSFORMER_XLA_CACHE", "off")
+    assert xla_cache_dir("auto") is None
+    assert xla_cache_dir(str(tmp_path / "given")) == tmp_path / "given"
+    assert enable_xla_cache("off") is None and "TF_XLA_FLAGS" not in os.environ
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_auto_jit=0")
+    entry = enable_xla_cache(str(tmp_path / "given"))
+    assert entry == {"directory": str(tmp_path / "given"), "entries_before": 0}
+    assert os.environ["TF_XLA_FLAGS"] == f"--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory={tmp_path / 'given'}"
+    assert enable_xla_cache(str(tmp_path / "other"))["directory"] == str(tmp_path / "given")  # one already named wins
+
+
+# ---------------------------------------------------------------------------- a whole epoch with --xla on
+
+
+def train_process(bible_tokenizers, output, cache) -> dict:
+    """One epoch (training + validation) of a tiny model with --xla on in a fresh process; its report."""
+    data = bible_tokenizers.data_config
+    args = ["--data", data.data_dir, "--max-train-examples", str(data.max_train_examples),
+            "--max-val-examples", str(data.max_val_examples), "--vocab-size", str(bible_tokenizers.config.vocab_size),
+            "--lower-case", "--tokenizers-root", bible_tokenizers.config.root,
+            "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32",
+            "--max-length", str(MAX_LENGTH), "--max-tokens", str(MAX_TOKENS), "--epochs", "1", "--bleu-sentences", "0",
+            "--device", "cpu", "--mixed-precision", "off", "--xla", "on", "--xla-cache", str(cache),
+            "--no-probe-peak", "--verbose", "0", "--output", str(output)]
+    env = cli.subprocess_env()
+    env.pop("TF_XLA_FLAGS", None)
+    done = subprocess.run(cli.command_line("train", *args), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((output / "report.json").read_text())
+
+
+def test_an_epoch_with_xla_compiles_one_program_per_grid_length_once(bible_tokenizers, tmp_path):
+    cache = tmp_path / "xla-cache"
+    first = train_process(bible_tokenizers, tmp_path / "first", cache)
+    compiled = first["compile"]
+    assert compiled["xla"] is True and compiled["length_grid"] == GRID  # auto → geometric with XLA
+    steps_done = first["steps_done"]
+    for step in ("train", "evaluate"):
+        entry = compiled[step]
+        assert entry["traces"] == 1  # one trace; XLA then compiles per shape
+        assert 1 <= entry["compilations"] == len(entry["shapes"]) <= len(GRID)
+        assert all(rows == MAX_TOKENS // length and length == tgt for rows, length, tgt in entry["shapes"])
+        assert entry["new_shape_steps_s"] > 0
+    assert len(compiled["train"]["shapes"]) == len(GRID) and steps_done > 3 * len(GRID)  # a whole epoch
+    # XLA's own count: one cache file per compiled program
+    total = compiled["train"]["compilations"] + compiled["evaluate"]["compilations"]
+    assert compiled["persistent_cache"] == {"directory": str(cache), "entries_before": 0, "entries_after": total}
+    # the same run again: every program loaded from the cache, none compiled (nothing new written)
+    again = train_process(bible_tokenizers, tmp_path / "again", cache)["compile"]
+    assert again["persistent_cache"] == {"directory": str(cache), "entries_before": total, "entries_after": total}
+    assert again["train"]["shapes"] == compiled["train"]["shapes"]
