@@ -14,6 +14,7 @@ import os
 import subprocess
 
 import pytest
+from conftest import run_config
 
 from transformer import cli
 from transformer.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
@@ -33,7 +34,8 @@ from transformer.precision import (
     xla_cache_entries,
 )
 from transformer.rundir import build_model
-from transformer.training_data import xla_workload
+from transformer.training import _decide_xla, _with_decision
+from transformer.training_data import count_batches, xla_workload
 
 MAX_LENGTH = 32
 GRID = [16, 24, 32]  # geometric_lengths(32)
@@ -294,3 +296,23 @@ def test_an_epoch_with_xla_compiles_one_program_per_grid_length_once(bible_token
     assert again["persistent_cache"] == {"directory": str(cache), "entries_before": total, "pruned": 0,
                                          "entries_after": total}
     assert again["train"]["shapes"] == compiled["train"]["shapes"]
+
+
+def test_training_counts_the_epoch_to_decide_xla_on_a_gpu(bible_tokenizers, tmp_path):
+    """No budget, no --steps-per-epoch: the epoch is counted on the XLA grid, then XLA and the grid decided."""
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    short = run_config(bible_tokenizers, tmp_path, epochs=1, steps_per_epoch=None, xla=None)
+    tentative = decide_precision("off", None, facts=H100)  # before counting: the run length is not known
+    assert tentative.xla is True and _with_decision(short, tentative).pipeline.length_buckets == "geometric"
+    decision, config, steps = _decide_xla(short, tentative, _with_decision(short, tentative), corpus, tokenizers,
+                                          "default", 1, None)
+    assert decision.xla is False and "too short to repay" in decision.xla_reason
+    assert config.train.xla is False and config.pipeline.length_buckets == "width" and steps is None  # recounted later
+    long = short.replace(train={"epochs": 10_000})
+    decision, config, steps = _decide_xla(long, tentative, _with_decision(long, tentative), corpus, tokenizers,
+                                          "default", 1, None)
+    assert decision.xla is True and decision.xla_reason.startswith("XLA on: 6 programs")  # 3 lengths, train + evaluate
+    assert config.pipeline.length_buckets == "geometric"
+    assert steps == count_batches(corpus, tokenizers, config) and f"{10_000 * steps:,} steps" in decision.xla_reason
+    explicit = short.replace(train={"xla": True})
+    assert _decide_xla(explicit, tentative, explicit, corpus, tokenizers, "default", 1, None) == (tentative, explicit, None)
