@@ -14,6 +14,7 @@ import os
 import subprocess
 
 import pytest
+from conftest import run_config
 
 from transformer.base import cli
 from transformer.base.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
@@ -29,9 +30,12 @@ from transformer.runtime.precision import (
     XlaWorkload,
     decide_precision,
     enable_xla_cache,
+    prune_xla_cache,
     xla_cache_dir,
+    xla_cache_entries,
 )
-from transformer.training.training_data import xla_workload
+from transformer.training.trainer import _decide_xla, _with_decision
+from transformer.training.training_data import count_batches, xla_workload
 
 MAX_LENGTH = 32
 GRID = [16, 24, 32]  # geometric_lengths(32)
@@ -233,9 +237,21 @@ def test_xla_cache_directory_and_flags(monkeypatch, tmp_path):
     assert enable_xla_cache("off") is None and "TF_XLA_FLAGS" not in os.environ
     monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_auto_jit=0")
     entry = enable_xla_cache(str(tmp_path / "given"))
-    assert entry == {"directory": str(tmp_path / "given"), "entries_before": 0}
+    assert entry == {"directory": str(tmp_path / "given"), "entries_before": 0, "pruned": 0}
     assert os.environ["TF_XLA_FLAGS"] == f"--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory={tmp_path / 'given'}"
     assert enable_xla_cache(str(tmp_path / "other"))["directory"] == str(tmp_path / "given")  # one already named wins
+
+
+def test_xla_cache_keeps_the_newest_programs_within_its_size(tmp_path):
+    for age, name in enumerate(["new", "mid", "old"]):
+        path = tmp_path / f"xla_compile_cache__{name}__XLA_CPU_JIT.pb"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1e9 - age, 1e9 - age))
+    (tmp_path / "unrelated.txt").write_bytes(b"x" * 1000)
+    assert prune_xla_cache(tmp_path, max_bytes=250) == 1
+    assert sorted(p.name.split("__")[1] for p in tmp_path.glob("xla_compile_cache*")) == ["mid", "new"]
+    assert prune_xla_cache(tmp_path, max_bytes=250) == 0 and (tmp_path / "unrelated.txt").exists()
+    assert xla_cache_entries(tmp_path) == 2 and xla_cache_entries(tmp_path / "absent") == 0
 
 
 # ---------------------------------------------------------------------------- a whole epoch with --xla on
@@ -273,8 +289,30 @@ def test_an_epoch_with_xla_compiles_one_program_per_grid_length_once(bible_token
     assert len(compiled["train"]["shapes"]) == len(GRID) and steps_done > 3 * len(GRID)  # a whole epoch
     # XLA's own count: one cache file per compiled program
     total = compiled["train"]["compilations"] + compiled["evaluate"]["compilations"]
-    assert compiled["persistent_cache"] == {"directory": str(cache), "entries_before": 0, "entries_after": total}
+    assert compiled["persistent_cache"] == {"directory": str(cache), "entries_before": 0, "pruned": 0,
+                                            "entries_after": total}
     # the same run again: every program loaded from the cache, none compiled (nothing new written)
     again = train_process(bible_tokenizers, tmp_path / "again", cache)["compile"]
-    assert again["persistent_cache"] == {"directory": str(cache), "entries_before": total, "entries_after": total}
+    assert again["persistent_cache"] == {"directory": str(cache), "entries_before": total, "pruned": 0,
+                                         "entries_after": total}
     assert again["train"]["shapes"] == compiled["train"]["shapes"]
+
+
+def test_training_counts_the_epoch_to_decide_xla_on_a_gpu(bible_tokenizers, tmp_path):
+    """No budget, no --steps-per-epoch: the epoch is counted on the XLA grid, then XLA and the grid decided."""
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    short = run_config(bible_tokenizers, tmp_path, epochs=1, steps_per_epoch=None, xla=None)
+    tentative = decide_precision("off", None, facts=H100)  # before counting: the run length is not known
+    assert tentative.xla is True and _with_decision(short, tentative).pipeline.length_buckets == "geometric"
+    decision, config, steps = _decide_xla(short, tentative, _with_decision(short, tentative), corpus, tokenizers,
+                                          "default", 1, None)
+    assert decision.xla is False and "too short to repay" in decision.xla_reason
+    assert config.train.xla is False and config.pipeline.length_buckets == "width" and steps is None  # recounted later
+    long = short.replace(train={"epochs": 10_000})
+    decision, config, steps = _decide_xla(long, tentative, _with_decision(long, tentative), corpus, tokenizers,
+                                          "default", 1, None)
+    assert decision.xla is True and decision.xla_reason.startswith("XLA on: 6 programs")  # 3 lengths, train + evaluate
+    assert config.pipeline.length_buckets == "geometric"
+    assert steps == count_batches(corpus, tokenizers, config) and f"{10_000 * steps:,} steps" in decision.xla_reason
+    explicit = short.replace(train={"xla": True})
+    assert _decide_xla(explicit, tentative, explicit, corpus, tokenizers, "default", 1, None) == (tentative, explicit, None)

@@ -33,6 +33,7 @@ from transformer.base.constants import (
     PRECISIONS,
     STRATEGIES,
     TIE_EMBEDDINGS,
+    XLA_CACHE_MODES,
     one_of,
 )
 
@@ -323,7 +324,7 @@ class TrainConfig:
         if self.profile_steps is not None:
             parse_profile_steps(self.profile_steps)
         if not self.xla_cache.strip():
-            raise ValueError("train.xla_cache must be auto, off or a directory, got ''")
+            raise ValueError(f"train.xla_cache must be {', '.join(XLA_CACHE_MODES)} or a directory, got ''")
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",
                      "checkpoint_every_steps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:

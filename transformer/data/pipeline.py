@@ -165,13 +165,14 @@ def padded_lengths(max_length: int, bucket_width: int) -> list[int]:
     return lengths + [max_length]
 
 
-def bucket_boundaries(max_length: int, bucket_width: int) -> list[int]:
+def bucket_boundaries(max_length: int, bucket_width: int, lengths: Optional[list[int]] = None) -> list[int]:
     """Upper bounds (exclusive) of the length buckets: each padded length + 1.
 
     A sequence of length n goes to the first bucket whose boundary exceeds n and is padded to
     that boundary − 1. The last boundary is max_length + 1, above every (truncated) length.
+    `lengths`: the grid (`length_grid`); default the width grid.
     """
-    return [length + 1 for length in padded_lengths(max_length, bucket_width)]
+    return [length + 1 for length in (lengths or padded_lengths(max_length, bucket_width))]
 
 
 def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: int, training: bool,
@@ -193,7 +194,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     batch_sizes = rows_per_batch(config, lengths, replicas)  # global batches
     batched = split.bucket_by_sequence_length(
         element_length_func=lambda inputs, tgt_out: tf.maximum(tf.shape(inputs[0])[0], tf.shape(inputs[1])[0]),
-        bucket_boundaries=[length + 1 for length in lengths],  # length n → first boundary > n, padded to it − 1
+        bucket_boundaries=bucket_boundaries(max_length, config.bucket_width, lengths),
         bucket_batch_sizes=batch_sizes + [batch_sizes[-1]],  # + the (never used) overflow bucket
         pad_to_bucket_boundary=True,
         drop_remainder=training,

@@ -47,6 +47,15 @@ were taken in. Delete the file to re-measure.
 
 `$TRANSFORMER_AUTO_PRECISION` (off | float16 | bfloat16) pins what "auto" resolves to on a
 machine, without probing (the test suite pins `off` so runs are the same on every CPU).
+
+XLA's persistent cache (`--xla-cache`, `enable_xla_cache`): training names a directory in
+`$TF_XLA_FLAGS` (`--tf_xla_persistent_cache_directory`) unless `--xla off`; XLA writes one
+file per compiled program there and a later run that traces the same step loads it instead of
+compiling (`xla_cache_dir` says when that is). Measured on a busy 2-core Intel Xeon with AMX
+(load 5-7), default model in float32, the 7 shapes of the geometric grid: 109 s compiling
+without the cache (12-20 s per shape), 104 s while writing it, 33 s when loading it (lowering
+to XLA still runs per shape). A program of the default model takes ~9 MB; beyond
+`XLA_CACHE_MAX_BYTES` (4 GiB) the oldest are deleted when a run starts.
 """
 
 from __future__ import annotations
@@ -454,6 +463,7 @@ def decide_precision(mixed_precision: str = "auto", xla: Optional[bool] = None, 
 
 XLA_CACHE_ENV = "TRANSFORMER_XLA_CACHE"
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
+XLA_CACHE_MAX_BYTES = 4 << 30  # older programs are deleted beyond this (~9 MB per program: default model, CPU)
 
 
 def machine_key() -> str:
@@ -512,19 +522,42 @@ def xla_cache_dir(setting: str) -> Optional[Path]:
     return root / "transformer-nmt" / "xla" / machine_key()
 
 
+def _xla_cache_files(directory: Optional[Path]) -> list[Path]:
+    if directory is None or not directory.is_dir():
+        return []
+    return [path for path in directory.iterdir() if path.name.startswith("xla_compile_cache")]
+
+
 def xla_cache_entries(directory: Optional[Path]) -> int:
     """Programs stored in an XLA persistent cache directory (0 when absent)."""
-    if directory is None or not directory.is_dir():
-        return 0
-    return sum(1 for path in directory.iterdir() if path.name.startswith("xla_compile_cache"))
+    return len(_xla_cache_files(directory))
+
+
+def prune_xla_cache(directory: Path, max_bytes: int = XLA_CACHE_MAX_BYTES) -> int:
+    """Deletes the oldest programs (by write time) until the cache holds ≤ max_bytes; returns how many."""
+    files = []
+    for path in _xla_cache_files(directory):
+        try:
+            stat = path.stat()
+        except OSError:  # removed meanwhile (another run pruning)
+            continue
+        files.append((stat.st_mtime, stat.st_size, path))
+    total, pruned = sum(size for _, size, _ in files), 0
+    for _, size, path in sorted(files, key=lambda item: item[0]):
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total, pruned = total - size, pruned + 1
+    return pruned
 
 
 def enable_xla_cache(setting: str) -> Optional[dict]:
     """Names the persistent cache directory in `$TF_XLA_FLAGS`; returns its report entry, or None.
 
     TensorFlow reads `$TF_XLA_FLAGS` once, when it first lists its devices, so this must run
-    before that; later it has no effect (the report's `new_entries` then stays 0 while
-    programs compile). A directory already named in `$TF_XLA_FLAGS` wins.
+    before that; later it has no effect (nothing is written while programs compile: training
+    then warns). A directory already named in `$TF_XLA_FLAGS` wins. Prunes it first
+    (`prune_xla_cache`). Entry: directory, entries_before, pruned.
     """
     flags = os.environ.get("TF_XLA_FLAGS", "")
     given = [item.partition("=")[2] for item in flags.split() if item.startswith(XLA_CACHE_FLAG + "=")]
@@ -533,4 +566,5 @@ def enable_xla_cache(setting: str) -> Optional[dict]:
         return None
     if not given:
         os.environ["TF_XLA_FLAGS"] = f"{flags} {XLA_CACHE_FLAG}={directory}".strip()
-    return {"directory": str(directory), "entries_before": xla_cache_entries(directory)}
+    pruned = prune_xla_cache(directory)
+    return {"directory": str(directory), "entries_before": xla_cache_entries(directory), "pruned": pruned}
