@@ -67,6 +67,7 @@ from transformer.runtime.precision import decide_precision
 from transformer.runtime.runlock import RunLock, make_run_dir
 from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
 from transformer.training.backup import StepBackupAndRestore, snapshots
+from transformer.training.batch_probe import resolve_batch
 from transformer.training.budget import TrainingClock
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.profiling import StepProfiler
@@ -248,6 +249,11 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
+    config, batch = resolve_batch(config, device, model_config, strategy, run_dir, resuming)  # --max-tokens auto
+    log.info("%s", batch.summary())
+    report.run["batch_decision"] = batch.to_dict()
+    if batch.probe is not None and not batch.probe_cached:  # the probe drew random numbers
+        keras.utils.set_random_seed(config.train.seed)
     config.save(write_dir / CONFIG_FILE)
     report.run.update(run_description(config, device, replicas))
     report.run["distribution"] = distribute.describe(strategy, strategy_name, role)
