@@ -79,7 +79,7 @@ def test_probe_counts_the_padded_tokens_of_the_batch_it_times():
 @pytest.mark.parametrize("time_step", [timer(H100_RATES, oom_from=2048), timer({}, error=RuntimeError("no cuBLAS"))])
 def test_probe_fails_when_the_first_budget_does_not_run(time_step):
     probe = probe_max_tokens(time_step, LENGTH)
-    assert probe.chosen is None and probe.stop.startswith("no budget fitted")
+    assert probe.chosen is None and probe.stop.startswith("no budget fitted") and probe.failed
     assert len(probe.trials) == 1
 
 
@@ -134,6 +134,18 @@ def test_a_failed_probe_falls_back_to_the_recipe_and_is_not_cached(private_cache
     assert decide_max_tokens("auto", "gpu", time_step=retried, length=LENGTH, key_fields=KEY,
                              gpu=GPU).max_tokens == 16384
     assert retried.calls and private_cache.exists()
+
+
+def test_an_error_other_than_out_of_memory_keeps_the_last_budget_but_is_not_cached(private_cache):
+    def time_step(max_tokens):
+        if max_tokens == 8192:
+            raise tf.errors.InternalError(None, None, "cuBLAS failed to allocate its workspace")
+        return max_tokens / H100_RATES[max_tokens]
+
+    decision = decide_max_tokens("auto", "gpu", time_step=time_step, length=LENGTH, key_fields=KEY, gpu=GPU)
+    assert decision.max_tokens == 4096 and decision.probe.failed
+    assert "probe failed at 8192 tokens (InternalError)" in decision.reason
+    assert not private_cache.exists()
 
 
 def test_an_unreadable_cache_is_ignored_and_replaced(private_cache):

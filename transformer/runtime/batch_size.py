@@ -5,7 +5,7 @@ requested, why, and the probe's figures), which training logs in one line and wr
 report.json as `run.batch_decision`. Explicit values always win; "auto" decides:
 
 * CPU: `RECIPE_MAX_TOKENS` (2048), the batch the default recipe was measured and tuned with
-  on CPU (docs/recipes.md); no probe. A larger batch does not make a CPU faster per token.
+  on CPU (docs/recipes.md); no probe, so CPU runs are what they were.
 * GPU: a short probe (`probe_max_tokens`): a few timed train steps of the real model at
   2048, 4096, … tokens up to `PROBE_CAP`, every batch at the longest padded length (the
   worst case for memory). It stops at the first out-of-memory error
@@ -67,22 +67,23 @@ class ProbeTrial:
 
 @dataclass(frozen=True)
 class BatchProbe:
-    """What `probe_max_tokens` measured and chose (`chosen` None: the probe failed)."""
+    """What `probe_max_tokens` measured and chose (`chosen` None: nothing fitted)."""
 
     trials: tuple[ProbeTrial, ...]
     chosen: Optional[int]
     stop: str  # why it stopped: out of memory, small gain, cap, failure
     seconds: float  # wall time the probe took
+    failed: bool = False  # an error other than out of memory, or nothing fitted: used, not cached
 
     def to_dict(self) -> dict:
-        return {"chosen": self.chosen, "stop": self.stop, "seconds": round(self.seconds, 2),
+        return {"chosen": self.chosen, "stop": self.stop, "seconds": round(self.seconds, 2), "failed": self.failed,
                 "trials": [{**dataclasses.asdict(t), "tokens_per_s": None if t.tokens_per_s is None
                             else round(t.tokens_per_s, 1)} for t in self.trials]}
 
     @classmethod
     def from_dict(cls, values: dict) -> "BatchProbe":
         trials = tuple(ProbeTrial(**{k: v for k, v in t.items() if k != "tokens_per_s"}) for t in values["trials"])
-        return cls(trials, values["chosen"], values["stop"], values["seconds"])
+        return cls(trials, values["chosen"], values["stop"], values["seconds"], values.get("failed", False))
 
 
 def probe_max_tokens(time_step: StepTimer, length: int, start: int = PROBE_START, cap: int = PROBE_CAP,
@@ -94,13 +95,14 @@ def probe_max_tokens(time_step: StepTimer, length: int, start: int = PROBE_START
             raises `tf.errors.ResourceExhaustedError` when that batch does not fit.
         length: the padded length the batches are timed at (the longest: worst case for memory).
     Returns the trials and the chosen budget: the last that fitted and still paid; None when
-    the first budget failed (then nothing is known: the caller falls back and caches nothing).
+    the first budget failed. A probe stopped by an error other than out of memory (or with
+    nothing chosen) is marked `failed`: its choice is used for this run but not cached.
     """
     import tensorflow as tf
 
     started = time.perf_counter()
     trials: list[ProbeTrial] = []
-    chosen, best_rate, stop = None, None, f"cap {cap} tokens reached"
+    chosen, best_rate, stop, failed = None, None, f"cap {cap} tokens reached", False
     budget = start
     while budget <= cap:
         tokens = max(1, budget // length) * length
@@ -112,7 +114,7 @@ def probe_max_tokens(time_step: StepTimer, length: int, start: int = PROBE_START
             break
         except Exception as err:  # a probe must never stop training: fall back to what is known
             trials.append(ProbeTrial(budget, tokens, error=f"{type(err).__name__}: {_first_line(err)}"))
-            stop = f"probe failed at {budget} tokens ({type(err).__name__})"
+            stop, failed = f"probe failed at {budget} tokens ({type(err).__name__})", True
             break
         trial = ProbeTrial(budget, tokens, step_s)
         trials.append(trial)
@@ -123,8 +125,8 @@ def probe_max_tokens(time_step: StepTimer, length: int, start: int = PROBE_START
         chosen, best_rate = budget, trial.tokens_per_s
         budget *= 2
     if chosen is None:
-        stop = f"no budget fitted: {stop}"
-    return BatchProbe(tuple(trials), chosen, stop, time.perf_counter() - started)
+        stop, failed = f"no budget fitted: {stop}", True
+    return BatchProbe(tuple(trials), chosen, stop, time.perf_counter() - started, failed)
 
 
 def _first_line(err: BaseException) -> str:
@@ -171,7 +173,7 @@ def cached_probe(key_fields: dict, run_probe: Callable[[], BatchProbe]) -> tuple
         except (KeyError, TypeError):
             log.warning("ignoring a malformed entry in the batch-size cache %s", path)
     result = run_probe()
-    if result.chosen is None:
+    if result.failed:
         log.warning("batch-size probe failed (%s): not cached", result.stop)
         return result, False
     entries[key] = {"key": key_fields, "probe": result.to_dict()}
@@ -245,7 +247,7 @@ def decide_max_tokens(requested: Union[int, str, None], device: str, pipeline_ki
                              "--max-tokens unused", device)
     if device == "cpu":
         return BatchDecision(requested, RECIPE_MAX_TOKENS, f"CPU: the recipe's {RECIPE_MAX_TOKENS} tokens, "
-                             "measured there (a larger batch is no faster per token on a CPU)", device)
+                             "the batch it was measured and tuned with on CPU (no probe)", device)
     if device != "gpu" or time_step is None:
         return BatchDecision(requested, RECIPE_MAX_TOKENS, f"{device.upper()}: not probed, the recipe's "
                              f"{RECIPE_MAX_TOKENS} tokens", device)
