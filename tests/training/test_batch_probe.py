@@ -94,3 +94,18 @@ def test_real_step_timer_times_train_steps_of_the_model():
     finally:
         release()
     assert all(0 < s < 60 for s in seconds)
+
+
+def test_gpu_branch_with_the_real_timer_probes_caches_and_scales(tmp_path, monkeypatch):
+    """The whole GPU path but the device: real train steps (here on the CPU), the cache, the schedule."""
+    monkeypatch.setattr(batch_size, "gpu_facts", lambda: {"name": "test GPU", "memory_mib": 1})
+    config = RunConfig(model=MODEL).replace(train={"xla": False, "mixed_precision": "off"})
+    strategy = tf.distribute.get_strategy()
+    resolved, decision = resolve_batch(config, "gpu", MODEL, strategy, tmp_path, False)
+    chosen = decision.max_tokens
+    trials = decision.probe.trials
+    assert chosen in (2048, 4096, 8192, 16384, 32768, 65536) and decision.probe_cached is False
+    assert [t.max_tokens for t in trials][:2] == [2048, 4096] and all(t.step_s > 0 for t in trials)
+    assert resolved.pipeline.max_tokens == chosen and resolved.train.lr_batch_factor == chosen / 2048
+    again, cached = resolve_batch(config, "gpu", MODEL, strategy, tmp_path, False)
+    assert cached.probe_cached is True and again == resolved
