@@ -249,7 +249,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
-    config, batch = resolve_batch(config, device, model_config, strategy, run_dir, resuming)  # --max-tokens auto
+    config, batch = resolve_batch(config, "tpu" if strategy_name == "tpu" else device, model_config, strategy,
+                                  run_dir, resuming)  # --max-tokens auto
     log.info("%s", batch.summary())
     report.run["batch_decision"] = batch.to_dict()
     if batch.probe is not None and not batch.probe_cached:  # the probe drew random numbers
