@@ -259,6 +259,6 @@ def decide_max_tokens(requested: Union[int, str, None], device: str, pipeline_ki
                              f"{RECIPE_MAX_TOKENS} tokens", device, gpu, probe, cached)
     rates = ", ".join(f"{t.max_tokens}: {t.tokens_per_s:,.0f}" if t.step_s is not None else f"{t.max_tokens}: OOM"
                       for t in probe.trials if t.step_s is not None or t.error.startswith("out of memory"))
-    reason = (f"GPU {gpu.get('name', '?')} probe at length {length} (padded tokens/s {rates}"
+    reason = (f"{gpu.get('name') or 'GPU'} probe at length {length} (padded tokens/s {rates}"
               f"{', cached' if cached else ''}): {probe.stop} → {probe.chosen}")
     return BatchDecision(requested, probe.chosen, reason, device, gpu, probe, cached)
