@@ -175,3 +175,61 @@ def test_train_script_help_runs():
     assert result.returncode == 0, result.stderr
     for flag in ("--data", "--max-tokens", "--xla", "--no-xla", "--cased", "--resume", "--head-width"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize("typed,value", [("auto", "auto"), ("AUTO", "auto"), ("8192", 8192), ("0", None)])
+def test_max_tokens_flag_takes_a_number_zero_or_auto(typed, value):
+    script = load_train_script()
+    config = cli.run_config_from_args(script.parse_args(["--max-tokens", typed]))
+    assert config.pipeline.max_tokens == value
+    assert RunConfig().pipeline.max_tokens == "auto"  # the default: decided for the device
+
+
+@pytest.mark.parametrize("typed,message", [
+    ("abc", "argument --max-tokens: 'abc': expected a number of tokens (e.g. 8192), 0 for --batch-size "
+            "sentences, or 'auto'"),
+    ("-5", "argument --max-tokens: '-5': the number of tokens must be >= 0"),
+    ("1.5", "argument --max-tokens: '1.5': expected a number of tokens"),
+])
+def test_bad_max_tokens_values_are_errors_naming_the_flag(typed, message, capsys):
+    script = load_train_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse_args([f"--max-tokens={typed}"])
+    assert exit_info.value.code == 2
+    assert f"error: {message}" in capsys.readouterr().err
+
+
+def test_lr_scaling_flags_map_onto_the_config_and_bad_values_fail(capsys):
+    script = load_train_script()
+    config = cli.run_config_from_args(script.parse_args(["--lr-scaling", "sqrt", "--lr-reference-tokens", "4096"]))
+    assert (config.train.lr_scaling, config.train.lr_reference_tokens) == ("sqrt", 4096)
+    assert config.train.lr_batch_factor is None  # applied when training resolves the batch
+    assert RunConfig().train.lr_scaling == "auto" and RunConfig().train.lr_reference_tokens == 2048
+    with pytest.raises(SystemExit):
+        script.parse_args(["--lr-scaling", "linear"])
+    assert "error: argument --lr-scaling: invalid choice: 'linear'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"train\.lr_reference_tokens must be > 0.*\(flag --lr-reference-tokens\)"):
+        cli.run_config_from_args(script.parse_args(["--lr-reference-tokens", "0"]))
+
+
+def test_batch_fields_round_trip_and_older_config_files_still_load(tmp_path):
+    for config in (RunConfig(),  # max_tokens "auto", not resolved yet
+                   RunConfig().replace(pipeline={"max_tokens": 16384},  # as training saves it, resolved
+                                       train={"lr_scaling": "sqrt", "lr_batch_factor": 8.0, "warmup_steps": 25,
+                                              "peak_learning_rate": 1.4142e-3})):
+        config.save(tmp_path / "config.json")
+        assert RunConfig.load(tmp_path / "config.json") == config
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["pipeline"]["max_tokens"] == 16384 and saved["train"]["lr_batch_factor"] == 8.0
+    for key in ("lr_scaling", "lr_reference_tokens", "lr_batch_factor"):  # written before these fields
+        del saved["train"][key]
+    saved["pipeline"]["max_tokens"] = 2048
+    (tmp_path / "old.json").write_text(json.dumps(saved))
+    old = RunConfig.load(tmp_path / "old.json").validate()
+    assert old.pipeline.max_tokens == 2048 and old.train.lr_batch_factor is None
+    with pytest.raises(ValueError, match=r"pipeline\.max_tokens must be a number of tokens or 'auto', got 'big'"):
+        RunConfig.from_dict({"pipeline": {"max_tokens": "big"}}).validate()
+    with pytest.raises(TypeError, match=r"pipeline\.max_tokens: expected int or str, got 1\.5"):
+        RunConfig.from_dict({"pipeline": {"max_tokens": 1.5}})
+    with pytest.raises(ValueError, match=r"train\.lr_scaling must be auto, sqrt or off"):
+        RunConfig.from_dict({"train": {"lr_scaling": "linear"}}).validate()

@@ -536,3 +536,32 @@ def test_oom_without_auto_batch_or_at_the_floor_is_recorded_and_raised(corpus, t
         assert report["state"] == "crashed" and report["error"]["out_of_memory"]
         retries = report["run"].get("auto_batch_retries", [])
         assert [(r["before"], r["after"]) for r in retries] == ([(64, 32)] if name == "floor" else [])
+
+
+def test_max_tokens_auto_resolves_on_cpu_and_auto_batch_and_resume_follow_it(corpus, tmp_path, monkeypatch):
+    from transformer.training.trainer import train
+
+    oom = _InjectedOOM(monkeypatch, limit=1024, after=2)  # the CPU's 2048 fails from step 2 on, 1024 fits
+    values = run_config(corpus, tmp_path / "run", max_length=8, epochs=2, steps_per_epoch=2, auto_batch=True)
+    values["pipeline"]["max_tokens"] = "auto"
+    result = train(RunConfig.from_dict(values), extra_callbacks=(oom.callback,))
+
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    decision = report["run"]["batch_decision"]
+    assert (decision["requested"], decision["max_tokens"], decision["probe"]) == ("auto", 2048, None)
+    assert decision["reason"].startswith("CPU: the recipe's 2048 tokens")
+    assert decision["schedule"]["rule"] == "sqrt" and decision["schedule"]["factor"] == 1.0
+    assert [(r["before"], r["after"]) for r in report["run"]["auto_batch_retries"]] == [(2048, 1024)]
+    assert result.summary["optimizer_steps"] == 4 and report["state"] == "completed"
+    saved = RunConfig.load(tmp_path / "run" / "config.json")
+    assert saved.pipeline.max_tokens == 1024  # the retry's batch
+    assert (saved.train.lr_scaling, saved.train.lr_batch_factor, saved.train.warmup_steps) == ("sqrt", 1.0, 10)
+
+    values["train"].update(resume=True, epochs=3)  # --resume with --max-tokens auto: the run's batch, no retry
+    train(RunConfig.from_dict(values), extra_callbacks=(oom.callback,))
+    decision = json.loads((tmp_path / "run" / "report.json").read_text())["run"]["batch_decision"]
+    assert decision["max_tokens"] == 1024 and decision["reason"].startswith("--resume: the run's batch")
+    resumed = RunConfig.load(tmp_path / "run" / "config.json")
+    assert resumed.pipeline.max_tokens == 1024
+    schedule = ("lr_scaling", "lr_batch_factor", "warmup_steps", "peak_learning_rate")
+    assert [getattr(resumed.train, f) for f in schedule] == [getattr(saved.train, f) for f in schedule]

@@ -316,3 +316,18 @@ def test_training_counts_the_epoch_to_decide_xla_on_a_gpu(bible_tokenizers, tmp_
     assert steps == count_batches(corpus, tokenizers, config) and f"{10_000 * steps:,} steps" in decision.xla_reason
     explicit = short.replace(train={"xla": True})
     assert _decide_xla(explicit, tentative, explicit, corpus, tokenizers, "default", 1, None) == (tentative, explicit, None)
+
+
+def test_a_late_xla_decision_keeps_the_batch_training_resolved_before():
+    """`--xla auto` on a GPU is decided after `--max-tokens auto`: turning XLA off re-resolves the
+    grid but keeps the probed batch and its scaled schedule."""
+    from types import SimpleNamespace
+
+    requested = RunConfig()  # max_tokens "auto", length_buckets "auto"
+    resolved = requested.replace(pipeline={"max_tokens": 16384, "length_buckets": "geometric"},
+                                 train={"xla": True, "lr_batch_factor": 2.0})
+    final = _with_decision(requested, SimpleNamespace(mixed_precision="bfloat16", xla=False), resolved)
+    assert final.pipeline.max_tokens == 16384 and final.train.lr_batch_factor == 2.0
+    assert final.pipeline.length_buckets == "width" and final.train.xla is False
+    assert final.train.mixed_precision == "bfloat16"
+    assert _with_decision(requested, SimpleNamespace(mixed_precision="off", xla=True)).pipeline.max_tokens == "auto"

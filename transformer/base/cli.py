@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from transformer.base.config import (
+    AUTO,
+    RECIPE_MAX_TOKENS,
     CorpusSpec,
     DataConfig,
     DecodeConfig,
@@ -31,6 +33,7 @@ from transformer.base.constants import (
     DEVICES,
     HEAD_WIDTHS,
     LAYER_NORMS,
+    LR_SCALINGS,
     LR_SCHEDULES,
     PIPELINE_KINDS,
     PRECISIONS,
@@ -121,6 +124,20 @@ def parse_data_arg(text: str) -> tuple[CorpusSpec, ...]:
     return tuple(specs)
 
 
+def parse_max_tokens(text: str) -> int | str:
+    """`--max-tokens` value: "auto", or a number of tokens >= 0 (0: sentences, `--batch-size`)."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of tokens (e.g. 8192), 0 for "
+                                         f"--batch-size sentences, or {AUTO!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of tokens must be >= 0")
+    return value
+
+
 def parse_fractions(text: str) -> tuple[float, ...]:
     """`--eval-at` value: comma-separated fractions in (0, 1), or `end` for none."""
     if text.strip() == "end":
@@ -168,8 +185,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("input pipeline")
     group.add_argument("--pipeline", dest="pipeline_kind", choices=PIPELINE_KINDS)
     group.add_argument("--batch-size", type=int, help="sentences per batch (naive pipeline, or optimized with --max-tokens 0)")
-    group.add_argument("--max-tokens", type=int,
-                       help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size)")
+    group.add_argument("--max-tokens", type=parse_max_tokens, metavar="N|auto",
+                       help="padded tokens per batch per side (optimized pipeline; 0 = use --batch-size); default "
+                            f"auto: {RECIPE_MAX_TOKENS} on CPU, on a GPU the largest budget that fits its memory and "
+                            "still raises tokens/s (a short probe, cached; see --lr-scaling)")
     group.add_argument("--bucket-width", type=int,
                        help="padded lengths are multiples of this (optimized pipeline; default 8): smaller = "
                             "less padding, more distinct shapes (XLA compiles one program per shape)")
@@ -198,6 +217,11 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="inverse-sqrt (paper/tutorial) or cosine decay over the planned run / time budget")
     group.add_argument("--peak-lr", dest="peak_learning_rate", type=float,
                        help="learning rate at the end of warmup (inverse-sqrt default: (d_model*warmup)^-0.5)")
+    group.add_argument("--lr-scaling", choices=LR_SCALINGS,
+                       help="follow the batch: a batch k× --lr-reference-tokens gets --warmup-steps / k and "
+                            "--peak-lr × min(√k, √2); auto (default): sqrt when --max-tokens is auto, else off")
+    group.add_argument("--lr-reference-tokens", type=int, metavar="N",
+                       help=f"tokens per batch that --peak-lr and --warmup-steps are given for (default {RECIPE_MAX_TOKENS})")
     group.add_argument("--bleu-sentences", type=int,
                        help="validation pairs decoded for BLEU/chrF during training (0 = off)")
     group.add_argument("--bleu-every-steps", type=int, help="validation BLEU every N steps (default: every epoch)")
@@ -321,6 +345,7 @@ def check_resume_flags(run_dir: str, given: dict[str, dict]) -> None:
 
 
 _FLAG_NAMES = {"dropout_rate": "dropout", "time_budget_minutes": "time-budget", "peak_learning_rate": "peak-lr",
+               "lr_batch_factor": "lr-scaling",
                "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data"}
 
 

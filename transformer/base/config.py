@@ -19,7 +19,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from transformer.base import atomic
 from transformer.base.constants import (
@@ -28,6 +28,7 @@ from transformer.base.constants import (
     HEAD_WIDTHS,
     LAYER_NORMS,
     LENGTH_GRIDS,
+    LR_SCALINGS,
     LR_SCHEDULES,
     PIPELINE_KINDS,
     PRECISIONS,
@@ -70,6 +71,8 @@ def parse_length_buckets(text: str) -> Optional[tuple[int, ...]]:
 
 
 UNBOUNDED_EPOCHS = 1_000_000  # `fit` epochs of a time-budgeted run: the budget stops it first
+AUTO = "auto"  # `--max-tokens auto`: chosen for the device at the start of training (runtime/batch_size.py)
+RECIPE_MAX_TOKENS = 2048  # the default recipe's tokens per batch, measured on CPU (docs/recipes.md)
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,9 @@ class PipelineConfig:
     (`max_tokens`) over a bounded set of padded shapes. kind "naive": the TF tutorial's
     pipeline (shuffle → batch `batch_size` sentences → tokenize every step → pad to max).
 
+    max_tokens: padded tokens per batch per side; None: `batch_size` sentences; "auto":
+    decided when training starts (RECIPE_MAX_TOKENS on CPU, a probed budget on a GPU,
+    transformer/runtime/batch_size.py). A saved config.json holds the resolved int.
     length_buckets: the padded lengths (`pipeline.length_grid`). "width": multiples of
     `bucket_width` (little padding, ~max_length / bucket_width shapes); "geometric": 16, 24, 32,
     48, 64, 96, … (each ≤ 1.5× the one before: ~2 shapes per doubling of max_length, for XLA,
@@ -220,7 +226,7 @@ class PipelineConfig:
 
     kind: str = "optimized"
     batch_size: int = 64  # sentences per batch (naive pipeline; optimized when max_tokens is None)
-    max_tokens: Optional[int] = 2048  # padded tokens per batch per side (optimized pipeline)
+    max_tokens: Union[int, str, None] = AUTO  # int | None | "auto" (see above)
     shuffle_buffer: int = 20000
     cache: str = "memory"  # "memory", or a file path prefix for tf.data's file cache
     bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
@@ -231,7 +237,9 @@ class PipelineConfig:
             raise ValueError(f"pipeline.kind must be {one_of(PIPELINE_KINDS)}, got {self.kind!r}")
         if self.batch_size <= 0:
             raise ValueError(f"pipeline.batch_size must be > 0, got {self.batch_size}")
-        if self.max_tokens is not None and self.max_tokens <= 0:
+        if isinstance(self.max_tokens, str) and self.max_tokens != AUTO:
+            raise ValueError(f"pipeline.max_tokens must be a number of tokens or {AUTO!r}, got {self.max_tokens!r}")
+        if isinstance(self.max_tokens, int) and self.max_tokens <= 0:
             raise ValueError(f"pipeline.max_tokens must be > 0, got {self.max_tokens}")
         if self.bucket_width <= 0:
             raise ValueError(f"pipeline.bucket_width must be > 0, got {self.bucket_width}")
@@ -255,6 +263,14 @@ class TrainConfig:
     lr_schedule: str = "cosine"  # cosine | inverse-sqrt (transformer/model/schedule.py)
     peak_learning_rate: Optional[float] = 1e-3  # None: (d_model · warmup)^-0.5 (inverse-sqrt only)
     warmup_steps: int = 200
+    # The schedule follows the batch (transformer/model/schedule.py `scale_for_batch`): peak_learning_rate and
+    # warmup_steps are given for batches of lr_reference_tokens; a batch k times larger gets warmup_steps / k
+    # and peak × min(√k, √2). lr_scaling: auto (= sqrt when --max-tokens is auto, else off) | sqrt | off.
+    lr_scaling: str = "auto"
+    lr_reference_tokens: int = RECIPE_MAX_TOKENS
+    # k, once applied: peak_learning_rate and warmup_steps then hold the scaled values (config.json).
+    # None: not applied yet (a config from the command line).
+    lr_batch_factor: Optional[float] = None
     label_smoothing: float = 0.1
     bleu_sentences: int = 256  # validation pairs decoded for BLEU/chrF during training (0: off)
     bleu_every_steps: Optional[int] = None  # None: at eval_at under a budget, else at the end of every epoch
@@ -307,6 +323,12 @@ class TrainConfig:
             raise ValueError(f"train.peak_learning_rate must be > 0, got {self.peak_learning_rate}")
         if self.warmup_steps <= 0:
             raise ValueError(f"train.warmup_steps must be > 0, got {self.warmup_steps}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"train.lr_scaling must be {one_of(LR_SCALINGS)}, got {self.lr_scaling!r}")
+        if self.lr_reference_tokens <= 0:
+            raise ValueError(f"train.lr_reference_tokens must be > 0, got {self.lr_reference_tokens}")
+        if self.lr_batch_factor is not None and not 0 < self.lr_batch_factor < float("inf"):
+            raise ValueError(f"train.lr_batch_factor must be > 0, got {self.lr_batch_factor}")
         if self.budget_clock not in BUDGET_CLOCKS:
             raise ValueError(f"train.budget_clock must be {one_of(BUDGET_CLOCKS)}, got {self.budget_clock!r}")
         if any(not 0.0 < f < 1.0 for f in self.eval_at) or list(self.eval_at) != sorted(set(self.eval_at)):
@@ -443,10 +465,18 @@ def _from_dict(cls: type, values: dict, source: str) -> Any:
 
 def _check_type(value: Any, hint: Any, key: str) -> Any:
     args = typing.get_args(hint)
-    if typing.get_origin(hint) is typing.Union:  # Optional[X]
+    if typing.get_origin(hint) is typing.Union:  # Optional[X], or Union[X, Y, None]: the first that fits
         if value is None and type(None) in args:
             return None
-        hint = next(a for a in args if a is not type(None))
+        options = [a for a in args if a is not type(None)]
+        if len(options) > 1:
+            for option in options:
+                try:
+                    return _check_type(value, option, key)
+                except TypeError:
+                    pass
+            raise TypeError(f"{key}: expected {' or '.join(o.__name__ for o in options)}, got {value!r}")
+        hint = options[0]
     if typing.get_origin(hint) is tuple:  # tuple[X, ...]: a JSON list (or a tuple) of X
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"{key}: expected a list, got {value!r}")

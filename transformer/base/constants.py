@@ -31,6 +31,7 @@ HEAD_WIDTHS = ("tutorial", "paper")  # --head-width
 TIE_EMBEDDINGS = ("none", "output", "all")  # --tie-embeddings (transformer/model/tied.py)
 LAYER_NORMS = ("post", "pre")  # --layer-norm
 LR_SCHEDULES = ("inverse-sqrt", "cosine")  # --lr-schedule
+LR_SCALINGS = ("auto", "sqrt", "off")  # --lr-scaling (transformer/model/schedule.py `scale_for_batch`)
 BUDGET_CLOCKS = ("train", "wall")  # --budget-clock (transformer/training/budget.py)
 CHECKPOINT_CHOICES = ("latest", "best", "averaged")  # --checkpoint (or an explicit checkpoint prefix)
 

@@ -6,15 +6,63 @@ linearly for `warmup_steps`, then follows a half cosine from `peak_lr` down to
 count or as a `progress` variable in [0, 1] that a callback keeps up to date (the fraction
 of a `--time-budget` spent, see transformer/training/budget.py), so a time-budgeted run ends its
 schedule exactly when its time runs out.
+
+`scale_for_batch` adapts a recipe's `peak_lr` and `warmup_steps` to a batch k times the
+batch they were tuned for (`--lr-scaling`): the warmup keeps its length in tokens
+(warmup_steps / k) and the peak grows as √k (Adam's square-root rule: Hoffer et al. 2017,
+Malladi et al. 2022), capped at `MAX_PEAK_LR_FACTOR` = √2 because the post-norm default
+recipe broke at 2× its peak (2e-3: 1.5 BLEU at 1,600 steps, docs/recipes.md) and Adam's
+step size, not the gradient noise that a larger batch lowers, is what breaks it; √2 is
+the geometric middle of the rate measured good (1×) and the one measured broken (2×).
+Ott et al. 2018 likewise only doubled the rate for a 16× batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
 import keras
 import tensorflow as tf
+
+from transformer.base.config import TrainConfig
+
+MAX_PEAK_LR_FACTOR = math.sqrt(2.0)  # the peak learning rate grows at most this much with the batch
+
+
+def resolve_lr_scaling(requested: str, batch_was_auto: bool) -> str:
+    """`--lr-scaling` auto → sqrt when `--max-tokens auto` chose the batch, else off."""
+    if requested != "auto":
+        return requested
+    return "sqrt" if batch_was_auto else "off"
+
+
+def batch_factor(max_tokens: Optional[int], reference_tokens: int) -> float:
+    """k = max_tokens / reference_tokens (1.0 for sentence batches, max_tokens None)."""
+    return 1.0 if max_tokens is None else max_tokens / reference_tokens
+
+
+def scale_for_batch(train: TrainConfig, factor: float, rule: str, d_model: int) -> TrainConfig:
+    """`train` with its schedule scaled for a batch `factor` × `train.lr_reference_tokens`.
+
+    rule "sqrt": warmup_steps / k (rounded, ≥ 1) and peak_lr × min(√k, MAX_PEAK_LR_FACTOR); "off":
+    unchanged. The result records `lr_scaling` = rule and `lr_batch_factor` = k; a config that
+    already records a factor (a saved config.json) is returned as it is, so scaling is applied
+    once. An inverse-sqrt schedule without `peak_learning_rate` gets its implied peak,
+    (d_model · warmup)^-0.5, made explicit before scaling.
+    """
+    if train.lr_batch_factor is not None:
+        return train
+    if rule == "off" or factor == 1.0:
+        return dataclasses.replace(train, lr_scaling=rule, lr_batch_factor=factor)
+    peak = train.peak_learning_rate
+    if peak is None:
+        peak = (d_model * train.warmup_steps) ** -0.5
+    return dataclasses.replace(
+        train, lr_scaling=rule, lr_batch_factor=factor,
+        peak_learning_rate=peak * min(math.sqrt(factor), MAX_PEAK_LR_FACTOR),
+        warmup_steps=max(1, round(train.warmup_steps / factor)))
 
 
 @keras.saving.register_keras_serializable(package="transformer")

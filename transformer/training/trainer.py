@@ -67,6 +67,7 @@ from transformer.runtime.precision import PrecisionDecision, decide_precision, e
 from transformer.runtime.runlock import RunLock, make_run_dir
 from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
 from transformer.training.backup import StepBackupAndRestore, snapshots
+from transformer.training.batch_probe import resolve_batch
 from transformer.training.budget import TrainingClock
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.profiling import StepProfiler
@@ -258,6 +259,15 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
     requested = dataclasses.replace(requested, model=model_config)
+    # --max-tokens auto. A GPU probe times steps without XLA: compiling each budget's shape would
+    # cost ~40 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
+    resolved, batch = resolve_batch(config.replace(train={"xla": False}), "tpu" if strategy_name == "tpu" else device,
+                                    model_config, strategy, run_dir, resuming)
+    config = resolved.replace(train={"xla": config.train.xla})
+    log.info("%s", batch.summary())
+    report.run["batch_decision"] = batch.to_dict()
+    if batch.probe is not None and not batch.probe_cached:  # the probe drew random numbers
+        keras.utils.set_random_seed(config.train.seed)
 
     budget_s = config.train.time_budget_minutes * 60 if config.train.time_budget_minutes is not None else None
     # the training split tokenized once: for counting an epoch's batches and for training
@@ -379,10 +389,13 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
 
 
-def _with_decision(requested: RunConfig, decision: PrecisionDecision) -> RunConfig:
-    """`requested` with the decided precision and XLA, and `--length-buckets auto` resolved for that XLA."""
-    return requested.replace(train={"mixed_precision": decision.mixed_precision, "xla": decision.xla},
-                             pipeline=resolve_length_buckets(requested.pipeline, decision.xla))
+def _with_decision(requested: RunConfig, decision: PrecisionDecision, config: Optional[RunConfig] = None) -> RunConfig:
+    """`config` (default: `requested`) with the decided precision and XLA, and `requested`'s
+    `--length-buckets` resolved for that XLA (what else `config` resolved, e.g. the batch, stays)."""
+    base = requested if config is None else config
+    buckets = resolve_length_buckets(requested.pipeline, decision.xla).length_buckets
+    return base.replace(train={"mixed_precision": decision.mixed_precision, "xla": decision.xla},
+                        pipeline={"length_buckets": buckets})
 
 
 def _decide_xla(requested: RunConfig, decision: PrecisionDecision, config: RunConfig, corpus, tokenizers,
@@ -405,7 +418,7 @@ def _decide_xla(requested: RunConfig, decision: PrecisionDecision, config: RunCo
                              facts=decision.facts, workload=workload)
     if final.xla == decision.xla:
         return final, config, steps_per_epoch
-    return final, _with_decision(requested, final), None
+    return final, _with_decision(requested, final, config), None
 
 
 def _log_compilations(report: StepTimeReport) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from transformer.base.config import RunConfig
+from transformer.base.config import AUTO, RECIPE_MAX_TOKENS, RunConfig
 from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets, tokenize_mixture, tokenize_pairs
 from transformer.runtime import distribute
 from transformer.runtime.precision import XlaWorkload
@@ -78,6 +78,8 @@ def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: 
     if steps is None and budget_s is None and steps_per_epoch is not None:
         steps = train.planned_epochs * steps_per_epoch
     tokens = config.pipeline.max_tokens or config.pipeline.batch_size * config.model.max_length
+    if tokens == AUTO:  # not resolved yet (training resolves the batch first): the recipe's
+        tokens = RECIPE_MAX_TOKENS
     return XlaWorkload(programs=shapes * (2 if fit_validates else 1), budget_s=budget_s, steps=steps,
                        tokens_per_batch=tokens)
 

@@ -1,0 +1,136 @@
+"""The batch a run trains with: `--max-tokens` resolved for the device, the schedule scaled to it.
+
+`resolve_batch(...)` runs once at the start of training, after the precision is decided and
+the vocabulary sizes are known, before anything builds batches. It returns the config with
+`pipeline.max_tokens` an int (or None) and the learning-rate schedule scaled for the batch
+(transformer/model/schedule.py `scale_for_batch`), and the `BatchDecision` that training logs
+and writes to report.json (`run.batch_decision`). On a GPU, "auto" times real train steps
+(`step_timer`) through transformer/runtime/batch_size.py's probe and cache.
+
+`--resume` with `--max-tokens auto` continues the run's batch and schedule as its
+config.json recorded them (the last batch an `--auto-batch` retry chose, the factor the
+schedule was scaled by), without probing again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from transformer.base.config import AUTO, ModelConfig, RunConfig, TrainConfig
+from transformer.inference.rundir import CONFIG_FILE, build_model
+from transformer.model.optimizer import compile_model
+from transformer.model.schedule import batch_factor, resolve_lr_scaling, scale_for_batch
+from transformer.runtime.batch_size import BatchDecision, StepTimer, decide_max_tokens
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 2  # untimed steps per budget (tracing / XLA compilation, autotuning)
+TIMED_STEPS = 3  # timed steps per budget; the fastest counts
+
+
+def step_timer(model_config: ModelConfig, config: RunConfig, strategy: tf.distribute.Strategy,
+               warmup: int = WARMUP_STEPS, timed: int = TIMED_STEPS) -> tuple[StepTimer, callable]:
+    """(time_step, release): `time_step(max_tokens)` → seconds per train step of the real model.
+
+    The model (built once, compiled like training: precision policy, XLA, FusedAdam) trains on
+    random ids `[max_tokens // max_length × replicas, max_length]` on both sides, the longest padded
+    length (the most memory per token). Out of memory raises `tf.errors.ResourceExhaustedError`.
+    `release()` drops the probe's model.
+    """
+    state = {}
+
+    def model():
+        if "model" not in state:
+            with strategy.scope():
+                state["model"] = build_model(model_config)
+                compile_model(state["model"], config, schedule=1e-4)
+        return state["model"]
+
+    def time_step(max_tokens: int) -> float:
+        length = model_config.max_length
+        batch = max(1, max_tokens // length) * strategy.num_replicas_in_sync  # per replica → global, as training
+        src = tf.random.uniform([batch, length], 4, model_config.src_vocab_size, dtype=tf.int32)
+        tgt = tf.random.uniform([batch, length + 1], 4, model_config.tgt_vocab_size, dtype=tf.int32)
+        inputs, labels = (src, tgt[:, :-1]), tgt[:, 1:]
+        probe_model = model()
+        best = float("inf")
+        for step in range(warmup + timed):
+            started = time.perf_counter()
+            probe_model.train_on_batch(inputs, labels)  # returns numpy losses: the step is synced
+            if step >= warmup:
+                best = min(best, time.perf_counter() - started)
+        return best
+
+    def release() -> None:
+        state.clear()
+        gc.collect()
+
+    return time_step, release
+
+
+def _saved_config(run_dir: Path) -> Optional[RunConfig]:
+    path = run_dir / CONFIG_FILE
+    return RunConfig.load(path) if path.is_file() else None
+
+
+def resolve_batch(config: RunConfig, device: str, model_config: ModelConfig, strategy: tf.distribute.Strategy,
+                  run_dir: Path, resuming: bool, time_step: Optional[StepTimer] = None) -> tuple[RunConfig, BatchDecision]:
+    """(config with the batch and schedule resolved, the decision); see the module docstring.
+
+    `time_step` replaces the real step timer (tests); it is used only to probe a GPU.
+    """
+    requested = config.pipeline.max_tokens
+    saved = _saved_config(run_dir) if resuming and requested == AUTO else None
+    if saved is not None and saved.pipeline.max_tokens != AUTO:
+        decision = BatchDecision(requested, saved.pipeline.max_tokens,
+                                 f"--resume: the run's batch from {run_dir / CONFIG_FILE}", device)
+        recorded = saved.train.lr_batch_factor is not None  # configs written before the scaling: none
+        rule = saved.train.lr_scaling if recorded else "off"
+        factor = saved.train.lr_batch_factor if recorded else 1.0
+    else:
+        release = None
+        if requested == AUTO and device == "gpu" and config.pipeline.kind == "optimized" and time_step is None:
+            time_step, release = step_timer(model_config, config, strategy)
+        key = {"model": dataclasses.asdict(model_config),
+               "policy": keras.mixed_precision.global_policy().name, "xla": bool(config.train.xla)}
+        try:
+            decision = decide_max_tokens(requested, device, config.pipeline.kind, time_step=time_step,
+                                         length=model_config.max_length, key_fields=key)
+        finally:
+            if release is not None:
+                release()
+        rule = resolve_lr_scaling(config.train.lr_scaling, requested == AUTO)
+        factor = 1.0
+        if rule != "off" and config.pipeline.kind == "optimized":
+            factor = batch_factor(decision.max_tokens, config.train.lr_reference_tokens)
+    train = scale_for_batch(config.train, factor, rule, model_config.d_model)
+    schedule = _schedule_record(config.train, train)
+    config = config.replace(pipeline={"max_tokens": decision.max_tokens}, train=train)
+    return config, dataclasses.replace(decision, schedule=schedule)
+
+
+def _schedule_record(given: TrainConfig, used: TrainConfig) -> dict:
+    """What `scale_for_batch` did: rule, factor k, peak lr and warmup as given → as used, and why."""
+    k, rule = used.lr_batch_factor, used.lr_scaling
+    if given.lr_batch_factor is not None:
+        reason = f"schedule as config.json recorded it (scaled ×{k:g}, --lr-scaling {rule})"
+    elif rule == "off":
+        reason = "learning-rate schedule as given (--lr-scaling off)"
+    elif k == 1.0:
+        reason = f"learning-rate schedule as given (the batch is the {used.lr_reference_tokens}-token reference)"
+    else:
+        reason = (f"schedule scaled for {k:g}× the {used.lr_reference_tokens}-token reference batch (--lr-scaling "
+                  f"{rule}): warmup {given.warmup_steps} → {used.warmup_steps} steps, peak lr "
+                  f"{given.peak_learning_rate if given.peak_learning_rate is not None else 'implied'} → "
+                  f"{used.peak_learning_rate:.3g}")
+    return {"rule": rule, "factor": k, "reference_tokens": used.lr_reference_tokens, "reason": reason,
+            "peak_learning_rate": {"given": given.peak_learning_rate, "used": used.peak_learning_rate},
+            "warmup_steps": {"given": given.warmup_steps, "used": used.warmup_steps}}
