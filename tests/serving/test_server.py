@@ -20,6 +20,7 @@ import time
 import urllib.parse
 
 import pytest
+from conftest import script_main
 from helpers_translation import BAD_INPUTS, tiny_translator
 
 from transformer.base import cli
@@ -237,6 +238,21 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits_0(export, 
     reference = dict(zip(texts, offline.translate(texts)))
     for r in answered:
         assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
+
+
+def test_benchmark_writes_a_report_of_the_load_test_and_the_offline_baseline(export, tmp_path, capsys):
+    sentences, report = tmp_path / "sentences.pt", tmp_path / "report.json"
+    sentences.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    assert script_main("serve")([str(export), "--benchmark", str(report), "--clients", "4", "--requests", "3",
+                                 "--sentences", str(sentences), "--max-batch", "8"]) == 0
+    out = json.loads(report.read_text())
+    assert out["requests"] == 12 and out["sentences"] >= 12 and out["batching"]["max_batch"] == 8
+    server = out["server"]
+    assert server["failed_requests"] == 0 and server["wrong_translations"] == 0 and server["batches"] >= 1
+    assert 0 < server["latency_ms"]["p50"] <= server["latency_ms"]["p95"] <= server["latency_ms"]["max"]
+    assert out["offline"]["batched_sentences_per_s"] > 0 and out["server_vs_offline_batched"] > 0
+    assert out["environment"]["cpu_model"] and len(out["load_average"]) == 3 and out["date"]
+    assert "server/offline" in capsys.readouterr().out
 
 
 def test_the_web_page_in_a_headless_browser(server, offline):

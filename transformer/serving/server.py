@@ -28,8 +28,6 @@ from transformer.base.errors import InputError
 from transformer.serving.app import ServeLimits, build_app
 from transformer.serving.batching import DynamicBatcher
 
-log = logging.getLogger(__name__)
-
 WARMUP = ("Olá.", "No princípio, Deus criou os céus e a terra.", "")
 
 
@@ -126,8 +124,12 @@ class _Server(uvicorn.Server):
 
 
 def _config(app, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=None,
-                          timeout_keep_alive=5)
+    # log_config=None: uvicorn's loggers go through the program's logging (cli.start), at `log_level`;
+    # its own config would bind handlers to the sys.stderr of the moment.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).setLevel(log_level.upper())
+    return uvicorn.Config(app, log_config=None, log_level=log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=None, timeout_keep_alive=5)
 
 
 def serve(model: ServedModel, sock: socket.socket, batching: BatchingConfig = BatchingConfig(),
