@@ -244,9 +244,10 @@ def test_benchmark_writes_a_report_of_the_load_test_and_the_offline_baseline(exp
     sentences, report = tmp_path / "sentences.pt", tmp_path / "report.json"
     sentences.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     assert script_main("serve")([str(export), "--benchmark", str(report), "--clients", "4", "--requests", "3",
-                                 "--sentences", str(sentences), "--max-batch", "8"]) == 0
+                                 "--sentences", str(sentences), "--max-batch", "8", "--rounds", "2"]) == 0
     out = json.loads(report.read_text())
-    assert out["requests"] == 12 and out["sentences"] >= 12 and out["batching"]["max_batch"] == 8
+    assert out["requests"] == 24 and out["sentences_per_round"] >= 12 and out["batching"]["max_batch"] == 8
+    assert len(out["per_round"]) == 2 and all(r["server_batches"] >= 1 for r in out["per_round"])
     server = out["server"]
     assert server["failed_requests"] == 0 and server["wrong_translations"] == 0 and server["batches"] >= 1
     assert 0 < server["latency_ms"]["p50"] <= server["latency_ms"]["p95"] <= server["latency_ms"]["max"]

@@ -3,11 +3,12 @@
     report = benchmark(model, sentences, clients=16, requests_per_client=10)
 
 Each client holds one keep-alive connection and sends its requests one after another (1 to
-`max_texts_per_request` sentences each, drawn with a fixed seed). The report gives the
-server's throughput (sentences/s over the whole run), latency percentiles, failed requests,
-responses that differ from the offline translation of their own input, and the offline
-throughput of the same model on the same sentences: in batches of the server's `max_batch`,
-and in one call (the translator sorts the whole set by length).
+`max_texts_per_request` sentences each, drawn with a fixed seed). Each round times, back to
+back: the same sentences offline in batches of the server's `max_batch` (arrival order), the
+clients against the server (sentences/s over the whole run), and the sentences offline in one
+call (the translator sorts them all by length). The report gives the medians over rounds and
+each round's ratios, latency percentiles over every request, failed requests, and responses
+that differ from the offline translation of their own input.
 """
 
 from __future__ import annotations
@@ -96,34 +97,49 @@ def offline_throughput(model: ServedModel, texts: list[str], batch: int | None, 
 
 def benchmark(model: ServedModel, sentences: Sequence[str], clients: int = 16, requests_per_client: int = 10,
               max_texts_per_request: int = 4, batching: BatchingConfig = BatchingConfig(),
-              limits: ServeLimits = ServeLimits(), seed: int = 0) -> dict:
-    """Runs the load test and the offline baselines; returns the report (a JSON-able dict)."""
+              limits: ServeLimits = ServeLimits(), rounds: int = 3, seed: int = 0) -> dict:
+    """Runs the load test and the offline baselines, interleaved `rounds` times (a shared machine's
+    load drifts: each round's ratio compares runs minutes apart at most); returns the report."""
     plan = make_requests(sentences, clients, requests_per_client, max_texts_per_request, seed)
     texts = [text for requests in plan for request in requests for text in request]
     model.translate(list(sentences[:batching.max_batch]))  # warm-up outside every timing
-    batched_rate, offline = offline_throughput(model, texts, batching.max_batch)
-    one_call_rate, _ = offline_throughput(model, texts, None)
-    reference = dict(zip(texts, offline))
+    per_round, flat, stats = [], [], {}
+    reference = None
     with ServerThread(model, batching, limits) as server:
-        run = run_clients(server.url, plan)
+        for _ in range(rounds):
+            batched_rate, offline = offline_throughput(model, texts, batching.max_batch, repeats=1)
+            reference = reference or dict(zip(texts, offline))
+            before = dict(server.batcher.stats)
+            run = run_clients(server.url, plan)
+            one_call_rate, _ = offline_throughput(model, texts, None, repeats=1)
+            batches = server.batcher.stats["batches"] - before["batches"]
+            served_rate = len(texts) / run["wall_s"]
+            per_round.append({"server_sentences_per_s": served_rate, "offline_batched_sentences_per_s": batched_rate,
+                              "offline_one_call_sentences_per_s": one_call_rate, "server_batches": batches,
+                              "server_vs_offline_batched": served_rate / batched_rate,
+                              "server_vs_offline_one_call": served_rate / one_call_rate})
+            flat += [r for client in run["results"] for r in client]
         stats = dict(server.batcher.stats)
-    flat = [r for client in run["results"] for r in client]
     failed = [r for r in flat if r["status"] != 200]
     wrong = [r for r in flat if r["status"] == 200 and r["body"]["translations"] != [reference[t] for t in r["texts"]]]
     latencies = [r["latency_s"] * 1000 for r in flat]
-    served_rate = len(texts) / run["wall_s"]
+
+    def median(key):
+        return percentile([r[key] for r in per_round], 50)
+
     return {
-        "clients": clients, "requests_per_client": requests_per_client, "requests": len(flat), "sentences": len(texts),
-        "max_texts_per_request": max_texts_per_request, "batching": asdict(batching), "limits": asdict(limits),
-        "model": model.info,
-        "server": {"sentences_per_s": served_rate, "wall_s": run["wall_s"], "failed_requests": len(failed),
+        "clients": clients, "requests_per_client": requests_per_client, "rounds": rounds, "requests": len(flat),
+        "sentences_per_round": len(texts), "max_texts_per_request": max_texts_per_request,
+        "batching": asdict(batching), "limits": asdict(limits), "model": model.info,
+        "server": {"sentences_per_s": median("server_sentences_per_s"), "failed_requests": len(failed),
                    "wrong_translations": len(wrong), "batches": stats["batches"],
                    "mean_batch": stats["sentences"] / max(stats["batches"], 1),
                    "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
                                   "p99": percentile(latencies, 99), "max": max(latencies)},
                    "errors": sorted({json.dumps(r["body"])[:200] for r in failed})[:5]},
-        "offline": {"batched_sentences_per_s": batched_rate, "batch": batching.max_batch,
-                    "one_call_sentences_per_s": one_call_rate},
-        "server_vs_offline_batched": served_rate / batched_rate,
-        "server_vs_offline_one_call": served_rate / one_call_rate,
+        "offline": {"batched_sentences_per_s": median("offline_batched_sentences_per_s"), "batch": batching.max_batch,
+                    "one_call_sentences_per_s": median("offline_one_call_sentences_per_s")},
+        "server_vs_offline_batched": median("server_vs_offline_batched"),
+        "server_vs_offline_one_call": median("server_vs_offline_one_call"),
+        "per_round": per_round,
     }
