@@ -215,7 +215,9 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits_0(export, 
         outcome = {}
         loader = threading.Thread(target=lambda: outcome.update(run_clients(url, plan, timeout_s=60)))
         loader.start()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while request(url, "GET", "/health")[2]["answered"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # SIGTERM once the load is under way
         process.send_signal(signal.SIGTERM)
         loader.join(120)
         assert process.wait(60) == 0
