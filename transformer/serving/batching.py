@@ -107,8 +107,12 @@ class DynamicBatcher:
         future = loop.create_future()
 
         def settle(result, error):
-            if not future.done():
-                future.set_exception(error) if error is not None else future.set_result(result)
+            if future.done():  # timed out meanwhile
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
         job = self.submit(texts, lambda result, error: loop.call_soon_threadsafe(settle, result, error))
         try:
@@ -178,5 +182,5 @@ class DynamicBatcher:
         start = 0
         for job in live:
             end = start + len(job.texts)
-            job.done(None, error) if error is not None else job.done(translations[start:end], None)
+            job.done(None if error is not None else translations[start:end], error)
             start = end
