@@ -48,6 +48,17 @@ def report_file(path: Path, text: str) -> Path:
     return path
 
 
+LISTENING = []  # sockets kept open while a row runs
+
+
+def port_in_use() -> str:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    LISTENING.append(sock)
+    return str(sock.getsockname()[1])
+
+
 def locked(run: Path) -> Path:
     from transformer.runtime.runlock import LOCK_FILE
 
@@ -132,6 +143,18 @@ CASES = [
     ("compare_reports: JSON but not a report", "compare_reports",
      lambda t: [str(report_file(t / "a.json", "{}")), str(report_file(t / "b.json", "[]"))], {},
      r"a\.json: not a step-time report, missing keys", 2),
+    ("translate: missing --file", "translate",
+     lambda t: ["--model", str(t / "model"), "--file", str(t / "nope.pt"), "--output", str(t / "out.en")], {},
+     r"--file .*nope\.pt: file not found", 2),
+    ("translate: --block-lines 0", "translate", lambda t: ["--model", str(t), "--block-lines", "0", "olá"], {},
+     "--block-lines must be > 0, got 0", 2),
+    ("serve: --max-batch 0", "serve", lambda t: [str(t), "--max-batch", "0"], {}, "--max-batch must be > 0, got 0", 2),
+    ("serve: --max-texts over --max-queue", "serve", lambda t: [str(t), "--max-texts", "10", "--max-queue", "5"], {},
+     r"--max-texts \(10\) must be <= --max-queue \(5\)", 2),
+    ("serve: port in use", "serve", lambda t: [str(t), "--port", port_in_use()], {},
+     r"--port \d+: cannot listen on 127\.0\.0\.1:\d+ \(Address already in use\)", 2),
+    ("serve: not a model", "serve", lambda t: [str(t), "--port", "0"], {},
+     "is neither an exported SavedModel .* nor a training run directory", 2),
     ("average_checkpoints: no checkpoints", "average_checkpoints", lambda t: [str(t)], {},
      r"no checkpoints in .*checkpoints", 2),
     ("average_checkpoints: --last 0", "average_checkpoints", lambda t: [str(t), "--last", "0"], {},

@@ -31,6 +31,7 @@ ARGV = {
     "benchmark_decoding": ["--run", "missing"],
     "compare_reports": ["a.json", "b.json"],
     "tune_decoding": ["--run", "missing"],
+    "serve": ["missing"],
 }
 
 CHILD = """

@@ -75,6 +75,20 @@ def test_translate_main_prints_one_line_per_input_as_the_in_memory_translator(ti
     assert plot.stat().st_size > 1000 and str(plot) in captured.err
 
 
+def test_translate_streams_a_file_to_output_in_order_with_a_progress_bar(exported, expected, tmp_path, capsys):
+    order = [(i * 7) % len(SENTENCES) for i in range(150)]  # 150 lines, 3 blocks of 64, mixed lengths
+    ends = ["\n", "\r\n"]
+    body = "".join(SENTENCES[k] + ends[i % 2] for i, k in enumerate(order)).rstrip("\r\n")  # last line: no newline
+    source, output = tmp_path / "big.pt", tmp_path / "out" / "big.en"
+    source.write_text(body, encoding="utf-8")
+    assert script_main("translate")(["--model", str(exported), "--file", str(source), "--output", str(output),
+                                     "--block-lines", "64"]) == 0
+    captured = capsys.readouterr()
+    assert output.read_text(encoding="utf-8").split("\n") == [expected[k] for k in order] + [""]
+    assert captured.out == "" and "150/150" in captured.err and "sentences/s" in captured.err
+    assert sorted(p.name for p in output.parent.iterdir()) == ["big.en"]  # no temporary file left
+
+
 def test_export_main_writes_a_savedmodel_that_translates_as_the_run(exported, expected):
     assert (exported / "saved_model.pb").is_file()
     reloaded = tf.saved_model.load(str(exported))

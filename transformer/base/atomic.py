@@ -2,6 +2,7 @@
 
     write_text(path, text)            temp file in the same directory, fsync, `os.replace`
     write_json(path, value)           the same for indented JSON (+ newline)
+    with open_text(path) as f:        a file written in pieces (streams), renamed into place at the end
     with staged_directory(path) as staging:   build a directory in a temporary sibling;
         ...                                   it is renamed to `path` when the block succeeds
                                               and deleted when it raises
@@ -15,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TextIO
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -88,4 +89,22 @@ def staged_directory(path: str | Path, *, keep_existing: bool = False, prefix: O
             fsync(path.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def open_text(path: str | Path) -> Iterator[TextIO]:
+    """A text file (UTF-8, `\\n` line ends) to write in pieces; it appears at `path` only when the
+    block succeeds (temp file in the same directory, fsync, `os.replace`), else it is deleted."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

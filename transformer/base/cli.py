@@ -52,8 +52,9 @@ def quiet_tensorflow() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+# modules of transformer/commands/, each with main(argv)
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
-            "benchmark_decoding", "compare_reports", "tune_decoding")  # modules of transformer/commands/, each with main(argv)
+            "benchmark_decoding", "compare_reports", "tune_decoding", "serve")
 
 
 def command_line(name: str, *args: str) -> list[str]:

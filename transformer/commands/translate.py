@@ -3,31 +3,40 @@
     python scripts/translate.py --model runs/bible "No princípio, Deus criou os céus e a terra."
     echo "Deus é amor." | python scripts/translate.py --model exports/bible
     python scripts/translate.py --model runs/bible --file sentences.pt --beam 4 > out.en
+    python scripts/translate.py --model exports/bible --file big.pt --output big.en   # progress bar
     python scripts/translate.py --model runs/bible "Deus é amor." --plot-attention attention.png
 
 --model is either a run directory (config.json + checkpoints/) or an export (saved_model.pb);
 decoding flags (--beam, --xla, …) apply to run directories, an export decodes as exported.
 Sentences come from the arguments, else --file, else stdin (one per line). One translation
-per input line is printed, in order.
+per input line is printed (or written to --output), in order. --file and stdin are streamed in
+blocks of --block-lines (each sorted by length and decoded in chunks), so a file of any size
+fits in memory; --output is written atomically (it appears complete or not at all). A progress
+bar with sentences/s and the time left goes to stderr (with --output or on a terminal).
 """
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
-from transformer.base import cli
-from transformer.base.errors import command
+from transformer.base import atomic, cli
+from transformer.base.errors import ConfigError, MissingFileError, command
 
 
-def read_sentences(args) -> list[str]:
+def open_input(args, stack: contextlib.ExitStack):
+    """(lines, total or None): the arguments, --file (streamed) or stdin (streamed)."""
+    from transformer.inference.streaming import count_lines, read_lines
+
     if args.sentences:
-        return list(args.sentences)
+        return iter(args.sentences), len(args.sentences)
     if args.file:
-        data = Path(args.file).read_bytes()
-    else:
-        data = sys.stdin.buffer.read()
-    # errors="replace": a bad byte must not stop the batch (the translator sanitises too).
-    return data.decode("utf-8", errors="replace").splitlines()
+        path = Path(args.file)
+        if path.is_dir() or not path.is_file():
+            raise MissingFileError(f"--file {args.file}: {'is a directory' if path.is_dir() else 'file not found'}",
+                                   hint="give a text file, one sentence per line")
+        return read_lines(stack.enter_context(open(path, "rb"))), count_lines(path)
+    return read_lines(sys.stdin.buffer), None
 
 
 @command
@@ -36,26 +45,53 @@ def main(argv=None) -> int:
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --file or stdin)")
     parser.add_argument("--model", required=True, help="run directory or exported SavedModel")
     cli.add_checkpoint_arg(parser)
-    parser.add_argument("--file", help="read sentences from this file, one per line")
+    parser.add_argument("--file", help="read sentences from this file, one per line (streamed: any size)")
+    parser.add_argument("--output", metavar="OUT", help="write the translations to this file (atomically) instead of stdout")
+    parser.add_argument("--block-lines", type=int, default=1024,
+                        help="lines translated per call when streaming (default 1024; sorted by length inside)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: with --output, or when stderr is a terminal)")
     parser.add_argument("--plot-attention", metavar="PNG",
                         help="draw the cross-attention heatmap of the first sentence to this file")
     parser.add_argument("--head", type=int, help="plot one attention head (default: mean over heads)")
     cli.add_decode_args(parser)
     args = parser.parse_args(argv)
+    if args.block_lines <= 0:
+        raise ConfigError(f"--block-lines must be > 0, got {args.block_lines}")
     cli.start()
 
-    from transformer.inference.export import open_translator
+    from tqdm import tqdm
 
-    sentences = read_sentences(args)
-    translator = open_translator(args.model, cli.decode_config_from_args(args), args.checkpoint)
-    for line in translator.translate(sentences):
-        print(line)
-    if args.plot_attention and sentences:
+    from transformer.inference.export import open_translator
+    from transformer.inference.streaming import translate_blocks
+
+    with contextlib.ExitStack() as stack:
+        lines, total = open_input(args, stack)
+        translator = open_translator(args.model, cli.decode_config_from_args(args), args.checkpoint)
+        out = stack.enter_context(atomic.open_text(args.output)) if args.output else sys.stdout
+        show = args.progress if args.progress is not None else bool(args.output) or sys.stderr.isatty()
+        bar = stack.enter_context(tqdm(total=total, unit=" sentences", unit_scale=True, file=sys.stderr,
+                                       disable=not show, desc="translating", mininterval=0.5))
+        first = []
+
+        def remember(lines):
+            for line in lines:
+                if not first:
+                    first.append(line)
+                yield line
+
+        for translations in translate_blocks(translator.translate, remember(lines), args.block_lines):
+            out.write("".join(f"{t}\n" for t in translations))
+            out.flush()
+            bar.update(len(translations))
+    if args.output:
+        print(f"{bar.n} translations: {args.output}", file=sys.stderr)
+    if args.plot_attention and first:
         from transformer.measure.attention_plot import attention_for_sentence, plot_attention
 
-        weights, source, target, translation = attention_for_sentence(translator.attention(sentences[:1]), 0, args.head)
+        weights, source, target, translation = attention_for_sentence(translator.attention(first), 0, args.head)
         path = plot_attention(weights, source, target, args.plot_attention,
-                              title=f"{sentences[0]}\n→ {translation}")
+                              title=f"{first[0]}\n→ {translation}")
         print(f"attention heatmap: {path}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,189 @@
+"""Loading the model for serving, and running the server (uvicorn) in the foreground or a thread.
+
+    model = load_model("exports/bible")           # run directory or export, as transformer-translate
+    serve(model, bind("127.0.0.1", 8000))         # blocks; SIGTERM/SIGINT stop it gracefully
+    with ServerThread(model) as server: ...       # tests and the load test: server.url
+
+A graceful stop closes the listening socket (new connections are refused), lets every
+request already accepted finish (its batch is decoded), then returns: the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import uvicorn
+
+from transformer.base.config import DecodeConfig
+from transformer.base.errors import InputError
+from transformer.serving.app import ServeLimits, build_app
+from transformer.serving.batching import DynamicBatcher
+
+WARMUP = ("Olá.", "No princípio, Deus criou os céus e a terra.", "")
+
+
+@dataclass
+class ServedModel:
+    """What the server needs of a model: `translate` (list → list of str) and its description."""
+
+    translate: Callable[[list], list]
+    info: dict = field(default_factory=dict)
+
+
+def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoint: str = "latest") -> ServedModel:
+    """A run directory or an export, loaded as `transformer-translate --model` loads it."""
+    from transformer.inference.export import ExportedTranslator, open_translator
+
+    translator = open_translator(path, decode, checkpoint)
+    path = Path(path)
+    if isinstance(translator, ExportedTranslator):
+        manifest = translator.manifest
+        dtypes = sorted({v.dtype.name for v in translator.serving.variables if v.dtype.is_floating})
+        info = {"kind": "export", "model_config": manifest.get("model", {}), "decode": manifest.get("decode", {}),
+                "created": manifest.get("created"), "precision": manifest.get("precision", "/".join(dtypes) or "unknown"),
+                "tensorflow": manifest.get("tensorflow")}
+    else:
+        config = translator.model.config
+        created = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime((path / "config.json").stat().st_mtime))
+        info = {"kind": "run", "checkpoint": checkpoint,
+                "model_config": {k: getattr(config, k) for k in config.__dataclass_fields__},
+                "decode": translator.config.to_dict(), "created": created,
+                "precision": translator.model.dtype_policy.name}
+    model_config = info["model_config"]
+    info = {"name": path.resolve().name, "path": str(path.resolve()), **info,
+            "vocabulary": {"source": model_config.get("src_vocab_size"), "target": model_config.get("tgt_vocab_size")}}
+    return ServedModel(translator.translate, info)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How requests are gathered into decoder calls (see transformer/serving/batching.py)."""
+
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    max_queue: int = 1024
+
+
+def make_app(model: ServedModel, batching: BatchingConfig = BatchingConfig(), limits: ServeLimits = ServeLimits()):
+    """(Starlette app, its DynamicBatcher) for `model`."""
+    batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue)
+    return build_app(batcher, model.info, limits, warmup=WARMUP), batcher
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one), or an InputError naming --host/--port."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise InputError(f"--host {host}: {err.strerror}", hint="give an address or a host name, e.g. 127.0.0.1") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise InputError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror})",
+                         hint="choose another --port (0 picks a free one) or stop the program using it") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopping gracefully on SIGTERM/SIGINT without re-raising the signal."""
+
+    stopped_by: Optional[int] = None
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop(self, signum, frame):
+        if self.stopped_by is not None:  # a second signal: stop waiting for connections
+            self.force_exit = True
+        self.stopped_by = signum
+        self.should_exit = True
+
+
+def _config(app, log_level: str) -> uvicorn.Config:
+    # log_config=None: uvicorn's loggers go through the program's logging (cli.start), at `log_level`;
+    # its own config would bind handlers to the sys.stderr of the moment.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).setLevel(log_level.upper())
+    return uvicorn.Config(app, log_config=None, log_level=log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=None, timeout_keep_alive=5)
+
+
+def serve(model: ServedModel, sock: socket.socket, batching: BatchingConfig = BatchingConfig(),
+          limits: ServeLimits = ServeLimits(), log_level: str = "warning") -> int:
+    """Serves `model` on the listening socket `sock` (see `bind`) until SIGTERM or SIGINT; prints
+    `ready: http://HOST:PORT` on stderr once warm. Returns 0 after a graceful stop.
+    """
+    app, batcher = make_app(model, batching, limits)
+    url = _url(sock)
+    server = _Server(_config(app, log_level))
+
+    def announce():
+        batcher.ready.wait()
+        print(f"ready: {url} (model {model.info.get('name')}; POST /v1/translate, GET /health, GET /v1/model, "
+              "page at /)", file=sys.stderr, flush=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    print(f"listening on {url}; warming up", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    if server.stopped_by is not None:
+        name = signal.Signals(server.stopped_by).name
+        print(f"stopped by {name}: {batcher.stats['requests']} requests accepted, {batcher.stats['answered']} answered",
+              file=sys.stderr, flush=True)
+    return 0
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+class ServerThread:
+    """The server on 127.0.0.1 (a free port) in a background thread; `with` waits until it is ready.
+
+    Attributes: url, batcher, app.
+    """
+
+    def __init__(self, model: ServedModel, batching: BatchingConfig = BatchingConfig(),
+                 limits: ServeLimits = ServeLimits(), host: str = "127.0.0.1"):
+        self.app, self.batcher = make_app(model, batching, limits)
+        self._sock = bind(host, 0)
+        self.url = _url(self._sock)
+        self._server = _Server(_config(self.app, "warning"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + 120
+        while not (self._server.started and self.batcher.ready.is_set()):
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the server at {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(60)
