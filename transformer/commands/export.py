@@ -2,10 +2,14 @@
 
     python scripts/export.py --run runs/bible --output exports/bible
     python scripts/export.py --run runs/bible --output exports/bible-beam4 --beam 4 --xla
+    python scripts/export.py --run runs/bible --output exports/bible-ct2 --format ctranslate2
 
 Signature `serving_default`: {"sentences": tf.string [batch]} → {"translations": tf.string [batch]}
 (plus an `attention` signature; see transformer/inference/export.py). Check it with
     saved_model_cli show --dir exports/bible --all
+
+`--format ctranslate2` writes the same weights as a CTranslate2 model directory instead
+(greedy decoding with our tokenizers; transformer/inference/ctranslate2_export.py).
 """
 
 import argparse
@@ -14,7 +18,9 @@ import sys
 from pathlib import Path
 
 from transformer.base import cli
-from transformer.base.errors import command
+from transformer.base.errors import ConfigError, command
+
+EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 
 
 @command
@@ -24,10 +30,24 @@ def main(argv=None) -> int:
     cli.add_checkpoint_arg(parser)
     parser.add_argument("--output", required=True, help="SavedModel directory to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
+                        help="savedmodel (default: TensorFlow, tokenizers inside) or ctranslate2 (a CTranslate2 "
+                             "model directory + our tokenizers; needs the ctranslate2 package)")
     cli.add_decode_args(parser)
     args = parser.parse_args(argv)
     cli.start()
     config = cli.decode_config_from_args(args)
+    if args.format == "ctranslate2" and config.beam_size != 1:
+        raise ConfigError(f"--beam {args.beam}: --format ctranslate2 decodes greedily (--beam 1)")
+
+    if args.format == "ctranslate2":
+        from transformer.inference.ctranslate2_export import export_run_ctranslate2
+
+        path = export_run_ctranslate2(args.run, args.output, checkpoint=args.checkpoint, config=config,
+                                      overwrite=args.overwrite)
+        print(json.dumps({"export": str(path), "format": "ctranslate2"}, indent=2))
+        print(f"try: python scripts/benchmark_decoding.py --run {args.run} --compare ctranslate2")
+        return 0
 
     from transformer.inference.export import export_translator
     from transformer.inference.rundir import translator_from_run
