@@ -1,6 +1,7 @@
 """CTranslate2 export: the converted weights give our model's probabilities and greedy outputs."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -112,3 +113,42 @@ def test_export_command_writes_ctranslate2_and_refuses_errors(tiny_run, tmp_path
                  "--beam", "4"]) == 2
     err = capsys.readouterr().err
     assert "error: --beam 4" in err and "Traceback" not in err
+
+
+def test_compare_engines_interleaves_and_counts_identical_outputs(exported):
+    from transformer.inference.evaluation import compare_engines, comparison_table
+
+    translator, path = exported
+    ct2 = CTranslate2Translator(path, tokenizers=translator.tokenizers)
+    calls = []
+
+    def logged(name, fn):
+        def run(sentences):
+            calls.append(name)
+            return fn(sentences)
+        return run
+
+    def wrong(sentences):
+        texts, lengths = translator.translate_with_lengths(sentences)
+        return ["?"] + texts[1:], lengths
+
+    engines = {"ours": logged("ours", translator.translate_with_lengths), "ct2": logged("ct2", ct2.translate_with_lengths),
+               "wrong": logged("wrong", wrong)}
+    report = compare_engines(engines, SENTENCES[:6], repeats=2)
+    assert calls == ["ours", "ct2", "wrong"] * 3  # warm-up, then passes interleaved
+    assert report["reference"] == "ours" and report["engines"]["ours"]["ratio"] == 1.0
+    assert report["engines"]["ct2"]["identical"] == 6 and report["engines"]["wrong"]["identical"] == 5
+    assert report["engines"]["ct2"]["best"]["tokens_per_s"] > 0
+    assert "| ct2 |" in comparison_table(report) and "6/6" in comparison_table(report)
+
+
+def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
+    output = tmp_path / "comparison.json"
+    argv = ["--run", str(tiny_run), "--compare", "ctranslate2", "--limit", "6", "--repeats", "1", "--chunk-size", "4",
+            "--no-xla", "--ours", "export", "in-memory", "--output", str(output)]
+    assert script_main("benchmark_decoding")(argv) == 0
+    report = json.loads(output.read_text())
+    engines = report["engines"]
+    assert list(engines) == ["ours SavedModel", "ours in-memory", "CTranslate2 float32", "CTranslate2 int8"]
+    assert engines["ours in-memory"]["identical"] == 6 and engines["CTranslate2 float32"]["identical"] == 6
+    assert report["machine"]["load_average"] and "CTranslate2 int8" in capsys.readouterr().out

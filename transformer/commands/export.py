@@ -21,6 +21,7 @@ from transformer.base import cli
 from transformer.base.errors import ConfigError, command
 
 EXPORT_FORMATS = ("savedmodel", "ctranslate2")
+EXPORT_DTYPES = ("float32", "bfloat16")
 
 
 @command
@@ -33,12 +34,18 @@ def main(argv=None) -> int:
     parser.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
                         help="savedmodel (default: TensorFlow, tokenizers inside) or ctranslate2 (a CTranslate2 "
                              "model directory + our tokenizers; needs the ctranslate2 package)")
+    parser.add_argument("--dtype", choices=EXPORT_DTYPES, default=EXPORT_DTYPES[0],
+                        help="SavedModel weights and compute: float32 (default) or bfloat16 (for CPUs with "
+                             "avx512_bf16/amx_bf16; logits stay float32)")
     cli.add_decode_args(parser)
     args = parser.parse_args(argv)
     cli.start()
     config = cli.decode_config_from_args(args)
     if args.format == "ctranslate2" and config.beam_size != 1:
         raise ConfigError(f"--beam {args.beam}: --format ctranslate2 decodes greedily (--beam 1)")
+    if args.format == "ctranslate2" and args.dtype != "float32":
+        raise ConfigError(f"--dtype {args.dtype}: --format ctranslate2 stores float32 weights (choose the compute "
+                          "type when loading: CTranslate2Translator(compute_type=...))")
 
     if args.format == "ctranslate2":
         from transformer.inference.ctranslate2_export import export_run_ctranslate2
@@ -52,9 +59,9 @@ def main(argv=None) -> int:
     from transformer.inference.export import export_translator
     from transformer.inference.rundir import translator_from_run
 
-    translator = translator_from_run(args.run, config, args.checkpoint)
+    translator = translator_from_run(args.run, config, args.checkpoint, dtype=args.dtype)
     path = export_translator(translator, args.output, overwrite=args.overwrite,
-                             extra={"run_dir": str(Path(args.run).resolve())})
+                             extra={"run_dir": str(Path(args.run).resolve()), "dtype": args.dtype})
     print(json.dumps({"export": str(path), "decode": config.to_dict()}, indent=2))
     print(f"try: saved_model_cli show --dir {path} --tag_set serve --signature_def serving_default")
     return 0
