@@ -35,14 +35,24 @@ from transformer.inference import decoding
 from transformer.model.layers import _update_slice
 
 
+def _checksum(outputs) -> tf.Tensor:
+    """A float32 scalar that depends on every output tensor: fetching it forces the computation
+    without copying large outputs (the caches) to the host, which would be timed too."""
+    return tf.add_n([tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32)) for t in tf.nest.flatten(outputs)])
+
+
+def _timed(fn: Callable) -> Callable:
+    """`fn` in a tf.function returning `_checksum` of its outputs."""
+    return tf.function(lambda *args: _checksum(fn(*args)))
+
+
 def _best_time(fn: Callable, repeats: int) -> float:
-    """Seconds of the fastest of `repeats` calls of `fn` (after one warm-up call); results are
-    fetched to the host, so the time covers the computation."""
-    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn())
+    """Seconds of the fastest of `repeats` calls of `fn` (after one warm-up call)."""
+    fn().numpy()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn())
+        fn().numpy()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -75,22 +85,24 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
         raise ValueError("the breakdown times greedy decoding without XLA (beam_size 1, jit_compile False)")
     model = translator.model
     text = tf.constant(list(sentences))
-    tokenize = tf.function(lambda: translator.source_ids(text))
+    tokenize = _timed(lambda: translator.source_ids(text)[0].flat_values)
     seconds = {"tokenize": _best_time(tokenize, repeats)}
-    encoder = tf.function(lambda src: _encode(model, src, translator))
-    loop = tf.function(translator._decode_ids_impl)
-    step = tf.function(lambda ids, index, src_mask, cache: model.decode_step(ids, index, src_mask, cache)[:2])
-    projection = tf.function(lambda x: _project(model, x))
-    cache_update = tf.function(lambda caches, x, index: [_write_position(c, x, index) for c in caches])
+    encode = tf.function(lambda src: _encode(model, src, translator))
+    encoder = _timed(lambda src: _encode(model, src, translator))
+    decode = tf.function(translator._decode_ids_impl)
+    loop = _timed(translator._decode_ids_impl)
+    step = _timed(lambda ids, index, src_mask, cache: model.decode_step(ids, index, src_mask, cache)[:2])
+    projection = _timed(lambda x: _project(model, x))
+    cache_update = _timed(lambda caches, x, index: [_write_position(c, x, index) for c in caches])
     parts = {"encoder": 0.0, "decode_loop": 0.0, "step": 0.0, "projection": 0.0, "cache_update": 0.0}
     steps_total, generated = 0, []
     for src in translator_chunks(translator, sentences):
         batch = int(src.shape[0])
-        ids, lengths = loop(src)
+        ids, lengths = decode(src)
         steps = int(tf.reduce_max(lengths))
         steps_total += steps
         generated.append((ids, lengths))
-        cache, src_mask = encoder(src)
+        cache, src_mask = encode(src)
         start = tf.fill([batch, 1], tf.constant(START_ID, tf.int32))
         middle = tf.constant(steps // 2, tf.int32)
         x = tf.random.normal([batch, 1, model.config.d_model])
@@ -102,7 +114,8 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
         parts["cache_update"] += steps * _best_time(lambda: cache_update(cache["self"], new_rows, middle), repeats)
     width = max(int(ids.shape[1]) for ids, _ in generated)
     all_ids = tf.concat([tf.pad(ids, [[0, 0], [0, width - int(ids.shape[1])]]) for ids, _ in generated], 0)
-    seconds["detokenize"] = _best_time(lambda: translator.detokenize(all_ids), repeats)
+    detokenize = _timed(lambda ids: tf.strings.length(translator.detokenize(ids)))
+    seconds["detokenize"] = _best_time(lambda: detokenize(all_ids), repeats)
     seconds["encoder"] = parts["encoder"]
     seconds["decoder_steps"] = parts["step"]
     seconds["projection"] = parts["projection"]
