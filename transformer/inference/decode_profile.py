@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from transformer.base.constants import START_ID
 from transformer.inference import decoding
-from transformer.model.layers import _update_slice
+from transformer.model.layers import write_positions
 
 
 def _checksum(outputs) -> tf.Tensor:
@@ -152,9 +152,9 @@ def _project(model, x):
 def _write_position(cache, row, index):
     """What `CachedMultiHeadAttention` does to a self-attention cache each step."""
     if cache.shape.rank == 3:  # attended inputs [B, L, d]
-        return _update_slice(cache, row, [0, index])
-    start = [0, index, 0, 0]  # keys/values [B, 2, L, heads, key_dim]
-    return tf.stack([_update_slice(cache[:, 0], row, start), _update_slice(cache[:, 1], row, start)], axis=1)
+        return write_positions(cache, row, index)
+    cache = write_positions(cache, tf.stack([row, row], axis=1), index, axis=2)  # keys/values [B, 2, L, heads, key_dim]
+    return cache[:, 0], cache[:, 1]
 
 
 def _cache_rows(cache, batch):
