@@ -143,12 +143,15 @@ def test_compare_engines_interleaves_and_counts_identical_outputs(exported):
 
 
 def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
-    output = tmp_path / "comparison.json"
+    output, saved = tmp_path / "comparison.json", tmp_path / "saved"
+    assert script_main("export")(["--run", str(tiny_run), "--output", str(saved)]) == 0  # timed too (--exports)
     argv = ["--run", str(tiny_run), "--compare", "ctranslate2", "--limit", "6", "--repeats", "1", "--chunk-size", "4",
-            "--no-xla", "--ours", "export", "in-memory", "--output", str(output)]
+            "--no-xla", "--ours", "export", "in-memory", "--exports", str(saved), "--output", str(output)]
     assert script_main("benchmark_decoding")(argv) == 0
     report = json.loads(output.read_text())
     engines = report["engines"]
-    assert list(engines) == ["ours SavedModel", "ours in-memory", "CTranslate2 float32", "CTranslate2 int8"]
+    assert list(engines) == ["ours SavedModel", "ours in-memory", f"SavedModel {saved}", "CTranslate2 float32",
+                             "CTranslate2 int8"]
     assert engines["ours in-memory"]["identical"] == 6 and engines["CTranslate2 float32"]["identical"] == 6
+    assert engines[f"SavedModel {saved}"]["identical"] == 6
     assert report["machine"]["load_average"] and "CTranslate2 int8" in capsys.readouterr().out

@@ -57,6 +57,9 @@ def main(argv=None) -> int:
                              "(the Translator), export-xla / export-no-xla (the SavedModel with XLA on/off), export-bf16 / "
                              "export-bf16-xla (bfloat16 weights and compute, float32 logits). "
                              "The first is the reference. Default: export")
+    parser.add_argument("--exports", nargs="+", default=[], metavar="DIR",
+                        help="with --compare, also time these SavedModels (e.g. exported by another commit of this "
+                             "repository from the same run), after --ours")
     parser.add_argument("--ct2-compute-types", nargs="+", default=["float32", "int8"],
                         help="CTranslate2 compute types with --compare (default: float32 int8)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
@@ -188,6 +191,11 @@ def _compare(args, argv) -> int:
             label = f"ours SavedModel{' bfloat16' if 'bf16' in name else ''}{' (XLA)' if xla else ''}"
             engines[label] = load_exported(path).translate_with_lengths
             described[label] = variant.config.to_dict()
+        for directory in args.exports:
+            exported = load_exported(directory)
+            label = f"SavedModel {directory}"
+            engines[label] = exported.translate_with_lengths
+            described[label] = exported.manifest.get("decode", {})
         ct2_path = export_ctranslate2(translator.model, Path(args.run) / TOKENIZER_DIR, Path(scratch) / "ct2",
                                       config=config)
         for compute_type in args.ct2_compute_types:
