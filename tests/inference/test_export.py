@@ -106,3 +106,16 @@ def test_saved_model_cli_show_and_run(exported):
         capture_output=True, text=True, timeout=300, env=_clean_env())
     assert run.returncode == 0, run.stderr[-3000:]
     assert "translations" in run.stdout
+
+
+def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
+    from transformer.inference.rundir import cast_model
+    from transformer.inference.translator import Translator
+
+    translator = tiny_translator(DecodeConfig(chunk_size=4))
+    bf16 = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), translator.config)
+    assert bf16.model.encoder_layers[0].ffn.inner.kernel.dtype == "bfloat16"
+    ids = tf.constant([[2, 5, 6, 3]])
+    assert bf16.model((ids, ids)).dtype == tf.float32  # logits stay float32
+    path = export_translator(bf16, tmp_path / "bf16")
+    assert load_exported(path).translate(SENTENCES) == bf16.translate(SENTENCES)

@@ -2,12 +2,19 @@
 
     python scripts/benchmark_decoding.py --run runs/bible
     python scripts/benchmark_decoding.py --run runs/bible --no-xla --baseline-sentences 100
+    python scripts/benchmark_decoding.py --run runs/bible --compare ctranslate2 --chunk-size 64
 
 Trains nothing. Translates the validation split (default: the shared Bible corpus) with the
 run's model twice: (1) cached, batched, length-sorted greedy decoding (transformer/inference/translator.py),
 all sentences; (2) the tutorial Translator's design — one sentence at a time, the whole model
 re-run on the full prefix every step — on the first --baseline-sentences sentences. Prints
 and saves (JSON) both rates and the speed-up.
+
+`--compare ctranslate2` instead times our exported SavedModel (and the variants named by
+--ours) against the same weights converted to CTranslate2 (float32 and int8 by default,
+--ct2-compute-types), all fed by our tokenizers, interleaved in one process: sentences/s and
+generated tokens/s side by side, ratios to the first engine, and how many translations are
+identical to its. The report goes to <run>/decoding_comparison.json.
 """
 
 import argparse
@@ -21,9 +28,10 @@ from pathlib import Path
 from transformer.base import cli
 from transformer.base.config import DecodeConfig
 from transformer.base.constants import SHARED_CORPUS_DIR
-from transformer.base.errors import command
+from transformer.base.errors import ConfigError, command
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
+OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "export-bf16-xla")
 
 
 @command
@@ -40,9 +48,34 @@ def main(argv=None) -> int:
     parser.add_argument("--xla", action=argparse.BooleanOptionalAction, default=True,
                         help="XLA-compile the cached decode loop (default on)")
     parser.add_argument("--repeats", type=int, default=1, help="warm passes of the cached side (default 1)")
-    parser.add_argument("--output", help="JSON report (default <run>/decoding_benchmark.json)")
+    parser.add_argument("--output", help="JSON report (default <run>/decoding_benchmark.json, or "
+                                          "<run>/decoding_comparison.json with --compare)")
+    parser.add_argument("--compare", choices=["ctranslate2"],
+                        help="time our decoder against CTranslate2 on the same weights (see above)")
+    parser.add_argument("--ours", nargs="+", choices=OURS, default=["export"],
+                        help="our engines with --compare: export (the SavedModel, --xla as given), in-memory "
+                             "(the Translator), export-xla / export-no-xla (the SavedModel with XLA on/off), export-bf16 / "
+                             "export-bf16-xla (bfloat16 weights and compute, float32 logits). "
+                             "The first is the reference. Default: export")
+    parser.add_argument("--exports", nargs="+", default=[], metavar="DIR",
+                        help="with --compare, also time these SavedModels (e.g. exported by another commit of this "
+                             "repository from the same run), after --ours")
+    parser.add_argument("--ct2-compute-types", nargs="+", default=["float32", "int8"],
+                        help="CTranslate2 compute types with --compare (default: float32 int8)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="CTranslate2 threads per translation with --compare (default: all cores)")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead, break our greedy decoding's time down (tokenize, encoder, decoder layers, "
+                             "projection, cache updates, loop overhead, detokenize; without XLA) into "
+                             "<run>/decoding_profile.json")
     args = parser.parse_args(argv)
     cli.start()
+    if args.compare and args.profile:
+        raise ConfigError("--compare and --profile: choose one")
+    if args.compare:
+        return _compare(args, argv)
+    if args.profile:
+        return _profile(args, argv)
 
     import tensorflow as tf
 
@@ -82,6 +115,117 @@ def main(argv=None) -> int:
     print(f"report: {output}")
     return 0
 
+
+def _machine(tf) -> dict:
+    from transformer.runtime.precision import cpu_facts
+
+    model, flags = cpu_facts()
+    return {"cpu": model, "cpus": os.cpu_count(), "platform": platform.platform(),
+            "bf16_instructions": sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16")),
+            "load_average": [round(x, 2) for x in os.getloadavg()], "tensorflow": tf.__version__,
+            "gpus": len(tf.config.list_physical_devices("GPU"))}
+
+
+def _profile(args, argv) -> int:
+    """--profile: the time breakdown of our greedy decoding (transformer/inference/decode_profile.py)."""
+    import tensorflow as tf
+
+    from transformer.data.corpora import load_split
+    from transformer.inference.decode_profile import decode_time_breakdown, format_breakdown
+    from transformer.inference.evaluation import save_report
+    from transformer.inference.rundir import translator_from_run
+
+    sources, _ = load_split(data_dir=args.data, split=args.split, limit=args.limit)
+    translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size), args.checkpoint)
+    started = time.perf_counter()
+    report = decode_time_breakdown(translator, sources, repeats=max(args.repeats, 1))
+    report.update({
+        "run": str(Path(args.run).resolve()),
+        "data": f"{args.data} ({args.split})",
+        "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "model": {k: getattr(translator.model.config, k) for k in translator.model.config.__dataclass_fields__},
+        "machine": _machine(tf),
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "table": format_breakdown(report),
+    })
+    output = Path(args.output) if args.output else Path(args.run) / "decoding_profile.json"
+    save_report(report, output)
+    print(report["table"])
+    print(f"{report['steps']} decoder steps in {report['chunks']} chunks of up to {report['chunk_size']}: "
+          f"{report['per_step_ms']} ms per step")
+    print(f"report: {output}")
+    return 0
+
+
+def _compare(args, argv) -> int:
+    """--compare ctranslate2: ours vs CTranslate2 on the same weights, interleaved."""
+    import dataclasses
+    import tempfile
+
+    import tensorflow as tf
+
+    from transformer.data.corpora import load_split
+    from transformer.inference.ctranslate2_export import CTranslate2Translator, export_ctranslate2, import_ctranslate2
+    from transformer.inference.evaluation import compare_engines, comparison_table, save_report
+    from transformer.inference.export import export_translator, load_exported
+    from transformer.inference.rundir import TOKENIZER_DIR, cast_model, translator_from_run
+    from transformer.inference.translator import Translator
+
+    ctranslate2 = import_ctranslate2()
+    sources, _ = load_split(data_dir=args.data, split=args.split, limit=args.limit)
+    config = DecodeConfig(chunk_size=args.chunk_size, jit_compile=args.xla)
+    translator = translator_from_run(args.run, config, args.checkpoint)
+    engines, described = {}, {}
+    with tempfile.TemporaryDirectory(prefix="decoding-comparison-") as scratch:
+        for name in args.ours:
+            if name == "in-memory":
+                engines["ours in-memory"] = translator.translate_with_lengths
+                described["ours in-memory"] = config.to_dict()
+                continue
+            xla = {"export": args.xla, "export-xla": True, "export-no-xla": False, "export-bf16": args.xla,
+                   "export-bf16-xla": True}[name]
+            variant = translator.with_config(jit_compile=xla)
+            if "bf16" in name:
+                variant = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), variant.config)
+            path = export_translator(variant, Path(scratch) / name)
+            label = f"ours SavedModel{' bfloat16' if 'bf16' in name else ''}{' (XLA)' if xla else ''}"
+            engines[label] = load_exported(path).translate_with_lengths
+            described[label] = variant.config.to_dict()
+        for directory in args.exports:
+            exported = load_exported(directory)
+            label = f"SavedModel {directory}"
+            engines[label] = exported.translate_with_lengths
+            described[label] = exported.manifest.get("decode", {})
+        ct2_path = export_ctranslate2(translator.model, Path(args.run) / TOKENIZER_DIR, Path(scratch) / "ct2",
+                                      config=config)
+        for compute_type in args.ct2_compute_types:
+            ct2 = CTranslate2Translator(ct2_path, compute_type=compute_type, intra_threads=args.threads,
+                                        batch_size=args.chunk_size, tokenizers=translator.tokenizers)
+            label = f"CTranslate2 {compute_type}"
+            engines[label] = ct2.translate_with_lengths
+            described[label] = {"compute_type": compute_type, "intra_threads": args.threads,
+                                "max_batch_size": args.chunk_size, **dataclasses.asdict(config)}
+        started = time.perf_counter()
+        report = compare_engines(engines, sources, repeats=args.repeats)
+    for name, description in described.items():
+        report["engines"][name]["settings"] = description
+    report.update({
+        "run": str(Path(args.run).resolve()),
+        "data": f"{args.data} ({args.split})",
+        "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "ctranslate2": ctranslate2.__version__,
+        "machine": _machine(tf),
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "table": comparison_table(report),
+    })
+    output = Path(args.output) if args.output else Path(args.run) / "decoding_comparison.json"
+    save_report(report, output)
+    print(report["table"])
+    machine = report["machine"]
+    print(f"{machine['cpu']} ({', '.join(machine['bf16_instructions']) or 'no BF16 instructions'}), "
+          f"load average {machine['load_average']}")
+    print(f"report: {output}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -195,3 +195,65 @@ def benchmark_decoding(translator, sources: Sequence[str], references: Optional[
         report["cached_batched_unbounded_on_baseline_subset"]["sentences_per_s"] / base_rate, 1)
     report["examples"] = [{"source": s, "cached": c, "uncached": u} for s, c, u in zip(subset, same[0], uncached)][:3]
     return report
+
+
+# ---- side-by-side decoding speed: several engines, interleaved, one process ------------------
+def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3) -> dict:
+    """Times several `TranslateFn`s on the same sentences, interleaved, and compares their outputs.
+
+    Args:
+        engines: name → TranslateFn (sentences → (translations, generated tokens per
+            sentence)), tokenization and detokenization included. The first is the
+            reference for ratios and identical outputs.
+        sources: the sentences, translated whole by each engine every pass.
+        repeats: timed passes per engine, after one warm-up (cold) pass each. Pass r of
+            every engine runs before pass r + 1 of any, so a change of machine load hits
+            all engines alike.
+
+    Returns:
+        A JSON-ready dict: `engines` (name → cold pass, best and median warm pass: seconds,
+        sentences/s, generated tokens/s; `ratio` = its best sentences/s ÷ the reference's;
+        `identical` = sentences whose translation equals the reference's) and `reference`.
+    """
+    if not engines:
+        raise ValueError("no engine to compare")
+    outputs, cold, warm, tokens = {}, {}, {name: [] for name in engines}, {}
+    for name, fn in engines.items():
+        outputs[name], tokens[name], cold[name] = timed_pass(fn, sources)
+    for _ in range(repeats):
+        for name, fn in engines.items():
+            again, _, seconds = timed_pass(fn, sources)
+            if again != outputs[name]:
+                raise RuntimeError(f"{name}: translations changed between passes over the same input")
+            warm[name].append(seconds)
+    reference = next(iter(engines))
+    results = {}
+    for name in engines:
+        best = min(warm[name]) if warm[name] else cold[name]
+        median = float(np.median(warm[name])) if warm[name] else cold[name]
+        same = sum(a == b for a, b in zip(outputs[name], outputs[reference]))
+        results[name] = {
+            "best": speed(len(sources), tokens[name], best),
+            "median": speed(len(sources), tokens[name], median),
+            "cold": speed(len(sources), tokens[name], cold[name]),
+            "warm_pass_seconds": [round(s, 3) for s in warm[name]],
+            "identical": same,
+        }
+    base = results[reference]["best"]["sentences_per_s"]
+    for name, result in results.items():
+        result["ratio"] = round(result["best"]["sentences_per_s"] / base, 2)
+        result["ratio_median"] = round(result["median"]["sentences_per_s"] / results[reference]["median"]["sentences_per_s"], 2)
+    return {"reference": reference, "num_sentences": len(sources), "repeats": repeats, "engines": results,
+            "examples": [{"source": s, **{name: outputs[name][i] for name in engines}}
+                         for i, s in enumerate(sources[:3])]}
+
+
+def comparison_table(comparison: dict) -> str:
+    """Markdown table of `compare_engines`' result."""
+    lines = ["| engine | sentences/s (best) | median | generated tokens/s | ratio | outputs identical |",
+             "|---|---|---|---|---|---|"]
+    n = comparison["num_sentences"]
+    for name, r in comparison["engines"].items():
+        lines.append(f"| {name} | {r['best']['sentences_per_s']:.1f} | {r['median']['sentences_per_s']:.1f} | "
+                     f"{r['best']['tokens_per_s'] or 0:,.0f} | {r['ratio']:.2f}× | {r['identical']}/{n} |")
+    return "\n".join(lines)

@@ -58,6 +58,23 @@ def build_model(model_config: ModelConfig) -> Transformer:
     return model
 
 
+def cast_model(model: Transformer, dtype: str) -> Transformer:
+    """A copy of `model` whose weights and compute are `dtype` ("bfloat16", "float32").
+
+    For inference on CPUs with BF16 instructions: every layer holds `dtype` weights and
+    computes in it, except what runs in float32 under every policy (layer-norm statistics,
+    attention softmax, the output projection: logits stay float32).
+    """
+    copy = Transformer.from_model_config(model.config, dtype=dtype)
+    copy.build()
+    pairs = list(zip(copy.weights, model.weights))  # same construction, same order
+    if len(copy.weights) != len(model.weights) or any(a.shape != b.shape for a, b in pairs):
+        raise ValueError(f"the {dtype} copy of the model has other weights than the model")
+    for weight, value in pairs:
+        weight.assign(tf.cast(value, weight.dtype))
+    return copy
+
+
 class RunCheckpoints:
     """Model + optimizer + finished-epoch counter, saved atomically by tf.train.CheckpointManager.
 
@@ -126,9 +143,15 @@ def load_trained_model(run_dir: str | Path, checkpoint: str = "latest") -> tuple
     return model, tokenizers, config
 
 
-def translator_from_run(run_dir, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest") -> Translator:
-    """A Translator over a training run directory's checkpoint (latest, best, averaged) and its tokenizers."""
+def translator_from_run(run_dir, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest",
+                        dtype: str = "float32") -> Translator:
+    """A Translator over a training run directory's checkpoint (latest, best, averaged) and its tokenizers.
+
+    dtype: "bfloat16" decodes with a bfloat16 copy of the weights (`cast_model`).
+    """
     model, tokenizers, _ = load_trained_model(run_dir, checkpoint)
+    if dtype != "float32":
+        model = cast_model(model, dtype)
     return Translator(tokenizers, model, config)
 
 

@@ -62,6 +62,25 @@ def as_string_batch(sentences) -> tf.Tensor:
     return tensor
 
 
+def tokenize_sources(src_tokenizer, sentences, max_length: int):
+    """Steps 1-2 of a translation: `[batch]` strings → source ids.
+
+    Invalid UTF-8 is replaced, then WordPiece ids, at most `max_length` per row ([START], the
+    first `max_length - 2` tokens, [END]).
+
+    Returns:
+        (ragged int64 `[batch, (src_len)]`, has_tokens bool `[batch]`: the row has a token
+        besides [START]/[END]).
+    """
+    text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+    ids = src_tokenizer.tokenize(text)  # [B, (S)] with [START] … [END]
+    body = ids[:, 1:-1][:, : max_length - 2]
+    batch = tf.shape(sentences, out_type=tf.int64)[0]
+    start = tf.fill([batch, 1], tf.constant(START_ID, tf.int64))
+    end = tf.fill([batch, 1], tf.constant(END_ID, tf.int64))
+    return tf.concat([start, body, end], axis=1), body.row_lengths() > 0
+
+
 def _round_up(x: tf.Tensor, multiple: int) -> tf.Tensor:
     return (x + multiple - 1) // multiple * multiple
 
@@ -167,14 +186,7 @@ class Translator(tf.Module):
     # ---- the pipeline ------------------------------------------------------------------
     def source_ids(self, sentences):
         """`[batch]` strings → (ragged int64 `[batch, (src_len)]` ≤ max_length, has_tokens bool `[batch]`)."""
-        text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace",
-                                            replacement_char=0xFFFD)
-        ids = self.tokenizers.src.tokenize(text)  # [B, (S)] with [START] … [END]
-        body = ids[:, 1:-1][:, : self.max_length - 2]
-        batch = tf.shape(sentences, out_type=tf.int64)[0]
-        start = tf.fill([batch, 1], tf.constant(START_ID, tf.int64))
-        end = tf.fill([batch, 1], tf.constant(END_ID, tf.int64))
-        return tf.concat([start, body, end], axis=1), body.row_lengths() > 0
+        return tokenize_sources(self.tokenizers.src, sentences, self.max_length)
 
     def _translate(self, sentences):
         """Sort by length → decode chunk by chunk → scatter back to input order."""

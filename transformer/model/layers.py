@@ -13,8 +13,8 @@ and softmax are applied in float32 whatever the compute dtype, so a float16 mask
 cannot overflow (keras PR #17571).
 
 The decoder supports a fixed-size key/value cache (KerasHub style): the self-attention
-cache `[batch, 2, max_length, num_heads, key_dim]` is updated in place at
-`cache_update_index`; the cross-attention cache `[batch, 2, src_len, num_heads, key_dim]`
+cache `[batch, 2, max_length, num_heads, key_dim]` is written at `cache_update_index` by one
+scatter (`write_positions`); the cross-attention cache `[batch, 2, src_len, num_heads, key_dim]`
 is filled once from the encoder output. A rank-3 cache `[batch, len, d_model]` holds the
 attended inputs instead, with keys/values folded into the query and the context
 (`CachedMultiHeadAttention.attend_inputs`); the model uses it when key_dim >= d_model.
@@ -119,7 +119,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
              training=None, return_attention_scores=False):
         if cache is not None and cache.shape.rank == 3:  # input cache: implicit keys/values
             if cache_update_index is not None:
-                cache = _update_slice(cache, value, [0, cache_update_index])
+                cache = write_positions(cache, value, cache_update_index)
             output, scores = self.attend_inputs(query, cache, attention_mask)
             return (output, scores, cache) if return_attention_scores else (output, cache)
         query_heads = self._query_dense(query)  # [B, T, N, H]
@@ -128,11 +128,9 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         else:
             key_heads = self._key_dense(value)  # [B, S, N, H]
             value_heads = self._value_dense(value)
-            if cache is not None:
-                start = [0, cache_update_index, 0, 0]
-                key_heads = _update_slice(cache[:, 0], key_heads, start)
-                value_heads = _update_slice(cache[:, 1], value_heads, start)
-                cache = tf.stack([key_heads, value_heads], axis=1)
+            if cache is not None:  # one scatter of this step's keys and values into [B, 2, L, N, H]
+                cache = write_positions(cache, tf.stack([key_heads, value_heads], axis=1), cache_update_index, axis=2)
+                key_heads, value_heads = cache[:, 0], cache[:, 1]
         output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training)
         output = self._output_dense(output)
         results = (output,)
@@ -199,18 +197,21 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 
 
-def _update_slice(cache, update, start):
-    """Writes `update [B, U, ...]` into `cache [B, L, ...]` at position `start[1]`.
+def write_positions(cache, update, index, axis: int = 1):
+    """`cache` with `update` written at positions `index … index+U-1` of its axis `axis`.
 
-    Gather-and-select rather than a scatter or a pad: static shapes, the same on CPU, GPU
-    and XLA (a pad by the runtime `index` is not compilable inside an XLA while loop).
+    cache: `[d0, …, d(axis-1), L, …]`; update: the same with U positions; index: int scalar,
+    index + U ≤ L. One `tensor_scatter_nd_update` (static shapes, compiles under XLA): it
+    writes U positions and copies the cache at most once, where a gather-and-select over the
+    whole cache (and the slicing and re-stacking of keys and values around it) copied it
+    about eight times per layer and step (5.5 → 1.5 ms per layer and step at batch 64 with a
+    100-position cache, docs/speed.md "Decoding speed").
     """
-    index, length, cache_len = start[1], tf.shape(update)[1], tf.shape(cache)[1]
-    positions = tf.range(cache_len)
-    spread = tf.gather(tf.cast(update, cache.dtype), tf.clip_by_value(positions - index, 0, length - 1), axis=1)
-    inside = (positions >= index) & (positions < index + length)
-    inside = tf.reshape(inside, [1, -1] + [1] * (cache.shape.rank - 2))
-    return tf.where(inside, spread, cache)
+    shape = tf.shape(update)
+    leading = [tf.range(shape[i]) for i in range(axis)] + [index + tf.range(shape[axis])]
+    grid = tf.meshgrid(*leading, indexing="ij")  # axis + 1 tensors of shape update.shape[:axis + 1]
+    indices = tf.stack(grid, axis=-1)  # [d0, …, U, axis + 1]
+    return tf.tensor_scatter_nd_update(cache, indices, tf.cast(update, cache.dtype))
 
 
 @keras.saving.register_keras_serializable(package="transformer")

@@ -1,0 +1,157 @@
+"""CTranslate2 export: the converted weights give our model's probabilities and greedy outputs."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import script_main
+from helpers_model import TINY_MODEL, build
+from helpers_translation import BAD_INPUTS, shared_tokenizers, tiny_translator
+
+from transformer.base.constants import END_ID, RESERVED_TOKENS, START_ID
+from transformer.inference import decoding
+from transformer.inference.translator import DecodeConfig
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is pinned in requirements.txt: pip install -r it")
+
+from transformer.inference.ctranslate2_export import (  # noqa: E402
+    CTranslate2Translator,
+    export_ctranslate2,
+    model_spec,
+)
+
+SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou.",
+             "E disse Deus: Haja luz; e houve luz."] + BAD_INPUTS
+
+# Every architecture switch the conversion maps: head width (CTranslate2's head_dim), norm
+# position (final norms), tied projection and tied source embedding.
+VARIANTS = [
+    dict(head_width="paper", layer_norm="post", tie_embeddings="none"),
+    dict(head_width="tutorial", layer_norm="post", tie_embeddings="none"),
+    dict(head_width="paper", layer_norm="pre", tie_embeddings="output"),
+    dict(head_width="paper", layer_norm="pre", tie_embeddings="all", src_vocab_size=48),
+]
+
+
+def _vocab(size, prefix):
+    return list(RESERVED_TOKENS) + [f"{prefix}{i}" for i in range(size - len(RESERVED_TOKENS))]
+
+
+def _padded(rows):
+    width = max(map(len, rows))
+    return np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
+def test_converted_model_gives_our_log_probs_and_greedy_ids(variant, tmp_path):
+    config = dataclasses.replace(TINY_MODEL, max_length=24, **variant)
+    model = build(config, seed=3)
+    src_vocab, tgt_vocab = _vocab(config.src_vocab_size, "s"), _vocab(config.tgt_vocab_size, "t")
+    model_spec(model, src_vocab, tgt_vocab).save(str(tmp_path))
+    converted = ctranslate2.Translator(str(tmp_path), device="cpu", compute_type="float32")
+    rng = np.random.default_rng(1)
+    sources = [[START_ID] + rng.integers(4, config.src_vocab_size, n).tolist() + [END_ID] for n in (5, 9, 1, 14)]
+    targets = [rng.integers(4, config.tgt_vocab_size, n).tolist() for n in (4, 2, 1, 7)]
+    source_tokens = [[src_vocab[i] for i in row] for row in sources]
+
+    # Teacher-forced: CTranslate2 scores target + [END]; ours from the full decoder pass.
+    scored = converted.score_batch(source_tokens, [[tgt_vocab[i] for i in row] for row in targets])
+    tgt_in = _padded([[START_ID] + row for row in targets])
+    log_probs = tf.nn.log_softmax(model((tf.constant(_padded(sources)), tf.constant(tgt_in)), training=False)).numpy()
+    for b, (row, result) in enumerate(zip(targets, scored)):
+        ours = [log_probs[b, t, token] for t, token in enumerate(row + [END_ID])]
+        np.testing.assert_allclose(result.log_probs, ours, atol=1e-4)
+
+    # Greedy, with our decoder's forbidden tokens: the same ids, [END] included.
+    greedy = decoding.greedy_translate(model, tf.constant(_padded(sources)), 20)
+    ours = [ids[:n].tolist() for ids, n in zip(greedy.ids.numpy(), greedy.lengths.numpy())]
+    results = converted.translate_batch(source_tokens, beam_size=1, max_decoding_length=20, return_end_token=True,
+                                        suppress_sequences=[["[PAD]"], ["[START]"]])
+    assert [[tgt_vocab.index(t) for t in r.hypotheses[0]] for r in results] == ours
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny translator over the real test tokenizers (short output bound, so some rows hit
+    it) and its CTranslate2 export."""
+    translator = tiny_translator(DecodeConfig(chunk_size=4, max_output_ratio=0.5, max_output_extra=2), seed=2)
+    directory = shared_tokenizers()[1]
+    path = export_ctranslate2(translator.model, directory, tmp_path_factory.mktemp("ct2") / "model",
+                              config=translator.config)
+    return translator, path
+
+
+def test_ctranslate2_translator_equals_ours_on_strings(exported):
+    translator, path = exported
+    ct2 = CTranslate2Translator(path, batch_size=3)
+    texts, lengths = ct2.translate_with_lengths(SENTENCES)
+    expected_texts, expected_lengths = translator.translate_with_lengths(SENTENCES)
+    assert texts == expected_texts
+    assert sum(bool(t) for t in texts) >= 5  # real outputs, not all empty
+    assert lengths.tolist() == expected_lengths.tolist()
+    assert lengths[SENTENCES.index("")] == 0 and texts[SENTENCES.index("")] == ""
+    assert ct2.translate([]) == []
+
+
+def test_ctranslate2_int8_loads_and_translates_every_row(exported):
+    _, path = exported
+    texts, lengths = CTranslate2Translator(path, compute_type="int8").translate_with_lengths(SENTENCES)
+    assert len(texts) == len(SENTENCES) and (lengths >= 0).all()
+
+
+def test_export_command_writes_ctranslate2_and_refuses_errors(tiny_run, tmp_path, capsys):
+    main = script_main("export")
+    output = tmp_path / "ct2"
+    assert main(["--run", str(tiny_run), "--output", str(output), "--format", "ctranslate2"]) == 0
+    assert (output / "model.bin").is_file() and (output / "tokenizers" / "saved_model.pb").is_file()
+    assert CTranslate2Translator(output).translate(["Deus é amor."])[0] is not None
+    assert main(["--run", str(tiny_run), "--output", str(output), "--format", "ctranslate2"]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert main(["--run", str(tiny_run), "--output", str(tmp_path / "b"), "--format", "ctranslate2",
+                 "--beam", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --beam 4" in err and "Traceback" not in err
+
+
+def test_compare_engines_interleaves_and_counts_identical_outputs(exported):
+    from transformer.inference.evaluation import compare_engines, comparison_table
+
+    translator, path = exported
+    ct2 = CTranslate2Translator(path, tokenizers=translator.tokenizers)
+    calls = []
+
+    def logged(name, fn):
+        def run(sentences):
+            calls.append(name)
+            return fn(sentences)
+        return run
+
+    def wrong(sentences):
+        texts, lengths = translator.translate_with_lengths(sentences)
+        return ["?"] + texts[1:], lengths
+
+    engines = {"ours": logged("ours", translator.translate_with_lengths), "ct2": logged("ct2", ct2.translate_with_lengths),
+               "wrong": logged("wrong", wrong)}
+    report = compare_engines(engines, SENTENCES[:6], repeats=2)
+    assert calls == ["ours", "ct2", "wrong"] * 3  # warm-up, then passes interleaved
+    assert report["reference"] == "ours" and report["engines"]["ours"]["ratio"] == 1.0
+    assert report["engines"]["ct2"]["identical"] == 6 and report["engines"]["wrong"]["identical"] == 5
+    assert report["engines"]["ct2"]["best"]["tokens_per_s"] > 0
+    assert "| ct2 |" in comparison_table(report) and "6/6" in comparison_table(report)
+
+
+def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
+    output, saved = tmp_path / "comparison.json", tmp_path / "saved"
+    assert script_main("export")(["--run", str(tiny_run), "--output", str(saved)]) == 0  # timed too (--exports)
+    argv = ["--run", str(tiny_run), "--compare", "ctranslate2", "--limit", "6", "--repeats", "1", "--chunk-size", "4",
+            "--no-xla", "--ours", "export", "in-memory", "--exports", str(saved), "--output", str(output)]
+    assert script_main("benchmark_decoding")(argv) == 0
+    report = json.loads(output.read_text())
+    engines = report["engines"]
+    assert list(engines) == ["ours SavedModel", "ours in-memory", f"SavedModel {saved}", "CTranslate2 float32",
+                             "CTranslate2 int8"]
+    assert engines["ours in-memory"]["identical"] == 6 and engines["CTranslate2 float32"]["identical"] == 6
+    assert engines[f"SavedModel {saved}"]["identical"] == 6
+    assert report["machine"]["load_average"] and "CTranslate2 int8" in capsys.readouterr().out

@@ -1,0 +1,53 @@
+"""The decode-time breakdown: every part measured, the parts adding up to the whole."""
+
+import pytest
+from helpers_translation import tiny_translator
+
+from transformer.inference.decode_profile import decode_time_breakdown, format_breakdown, translator_chunks
+from transformer.inference.translator import DecodeConfig
+
+SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou.",
+             "E disse Deus: Haja luz; e houve luz.", "E viu Deus que era boa a luz."]
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])  # input cache, key/value cache
+def test_breakdown_parts_add_up(head_width):
+    translator = tiny_translator(DecodeConfig(chunk_size=2))
+    if head_width == "paper":
+        from helpers_translation import tiny_model
+
+        from transformer.inference.translator import Translator
+
+        tokenizers = translator.tokenizers
+        model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),
+                           max_length=24, head_width="paper")
+        translator = Translator(tokenizers, model, DecodeConfig(chunk_size=2))
+    chunks = translator_chunks(translator, SENTENCES)
+    assert [int(c.shape[0]) for c in chunks] == [2, 2, 1]  # the empty sentence is not decoded
+    breakdown = decode_time_breakdown(translator, SENTENCES, repeats=1)
+    seconds = breakdown["seconds"]
+    for part in ("tokenize", "encoder", "decoder_steps", "projection", "cache_update", "detokenize", "decode_loop"):
+        assert seconds[part] > 0, part
+    assert breakdown["steps"] > 0 and breakdown["chunks"] == 3
+    assert abs(sum(breakdown["share"].values()) - 1) < 0.01
+    assert "| loop_overhead |" in format_breakdown(breakdown)
+
+
+def test_breakdown_refuses_xla_and_beam():
+    with pytest.raises(ValueError, match="without XLA"):
+        decode_time_breakdown(tiny_translator(DecodeConfig(jit_compile=True)), SENTENCES)
+
+
+def test_benchmark_decoding_profile_command(tiny_run, tmp_path, capsys):
+    import json
+
+    from conftest import script_main
+
+    output = tmp_path / "profile.json"
+    argv = ["--run", str(tiny_run), "--profile", "--limit", "5", "--repeats", "1", "--chunk-size", "2",
+            "--output", str(output)]
+    assert script_main("benchmark_decoding")(argv) == 0
+    report = json.loads(output.read_text())
+    assert report["steps"] > 0 and report["machine"]["cpu"] and "| decoder_layers |" in capsys.readouterr().out
+    assert script_main("benchmark_decoding")(argv + ["--compare", "ctranslate2"]) == 2
+    assert "error: --compare and --profile" in capsys.readouterr().err
