@@ -126,7 +126,7 @@ def parse_data_arg(text: str) -> tuple[CorpusSpec, ...]:
 
 
 def parse_max_tokens(text: str) -> int | str:
-    """`--max-tokens` value: "auto", or a number of tokens >= 0 (0: sentences, `--batch-size`)."""
+    """`--max-tokens` value: "auto", or a number of tokens (0: sentences, `--batch-size`)."""
     if text.strip().lower() == AUTO:
         return AUTO
     try:
@@ -134,9 +134,7 @@ def parse_max_tokens(text: str) -> int | str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of tokens (e.g. 8192), 0 for "
                                          f"--batch-size sentences, or {AUTO!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the number of tokens must be >= 0")
-    return value
+    return value  # a negative count is refused by PipelineConfig.validate, as every range is
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
