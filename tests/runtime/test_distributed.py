@@ -550,12 +550,12 @@ def test_max_tokens_auto_resolves_on_cpu_and_auto_batch_and_resume_follow_it(cor
     decision = report["run"]["batch_decision"]
     assert (decision["requested"], decision["max_tokens"], decision["probe"]) == ("auto", 2048, None)
     assert decision["reason"].startswith("CPU: the recipe's 2048 tokens")
-    assert decision["schedule"]["rule"] == "sqrt" and decision["schedule"]["factor"] == 1.0
+    assert decision["schedule"]["rule"] == "off" and decision["schedule"]["factor"] == 1.0
     assert [(r["before"], r["after"]) for r in report["run"]["auto_batch_retries"]] == [(2048, 1024)]
     assert result.summary["optimizer_steps"] == 4 and report["state"] == "completed"
     saved = RunConfig.load(tmp_path / "run" / "config.json")
     assert saved.pipeline.max_tokens == 1024  # the retry's batch
-    assert (saved.train.lr_scaling, saved.train.lr_batch_factor, saved.train.warmup_steps) == ("sqrt", 1.0, 10)
+    assert (saved.train.lr_scaling, saved.train.lr_batch_factor, saved.train.warmup_steps) == ("off", 1.0, 10)
 
     values["train"].update(resume=True, epochs=3)  # --resume with --max-tokens auto: the run's batch, no retry
     train(RunConfig.from_dict(values), extra_callbacks=(oom.callback,))

@@ -32,8 +32,11 @@ def resolve(config: RunConfig, device="gpu", run_dir=None, resuming=False, time_
     return resolve_batch(config, device, MODEL, tf.distribute.get_strategy(), run_dir, resuming, time_step)
 
 
-def test_gpu_auto_probes_the_batch_and_scales_the_schedule(tmp_path):
-    config, decision = resolve(RunConfig(), run_dir=tmp_path)
+def test_gpu_auto_probes_the_batch_and_keeps_the_recipe_schedule_unless_asked(tmp_path):
+    kept, _ = resolve(RunConfig(), run_dir=tmp_path)
+    assert kept.pipeline.max_tokens == 16384
+    assert (kept.train.lr_scaling, kept.train.warmup_steps, kept.train.peak_learning_rate) == ("off", 200, 1e-3)
+    config, decision = resolve(RunConfig().replace(train={"lr_scaling": "sqrt"}), run_dir=tmp_path)
     assert config.pipeline.max_tokens == 16384 and decision.max_tokens == 16384
     train = config.train
     assert (train.lr_scaling, train.lr_batch_factor, train.warmup_steps) == ("sqrt", 8.0, 25)
@@ -99,7 +102,7 @@ def test_real_step_timer_times_train_steps_of_the_model():
 def test_gpu_branch_with_the_real_timer_probes_caches_and_scales(tmp_path, monkeypatch):
     """The whole GPU path but the device: real train steps (here on the CPU), the cache, the schedule."""
     monkeypatch.setattr(batch_size, "gpu_facts", lambda: {"name": "test GPU", "memory_mib": 1})
-    config = RunConfig(model=MODEL).replace(train={"xla": False, "mixed_precision": "off"})
+    config = RunConfig(model=MODEL).replace(train={"xla": False, "mixed_precision": "off", "lr_scaling": "sqrt"})
     strategy = tf.distribute.get_strategy()
     resolved, decision = resolve_batch(config, "gpu", MODEL, strategy, tmp_path, False)
     chosen = decision.max_tokens

@@ -218,7 +218,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="learning rate at the end of warmup (inverse-sqrt default: (d_model*warmup)^-0.5)")
     group.add_argument("--lr-scaling", choices=LR_SCALINGS,
                        help="follow the batch: a batch k× --lr-reference-tokens gets --warmup-steps / k and "
-                            "--peak-lr × min(√k, √2); auto (default): sqrt when --max-tokens is auto, else off")
+                            "--peak-lr × min(√k, √2); auto (default): off, the recipe's schedule at any batch "
+                            "(measured, docs/batch-size.md)")
     group.add_argument("--lr-reference-tokens", type=int, metavar="N",
                        help=f"tokens per batch that --peak-lr and --warmup-steps are given for (default {RECIPE_MAX_TOKENS})")
     group.add_argument("--bleu-sentences", type=int,

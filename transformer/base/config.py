@@ -265,7 +265,7 @@ class TrainConfig:
     warmup_steps: int = 200
     # The schedule follows the batch (transformer/model/schedule.py `scale_for_batch`): peak_learning_rate and
     # warmup_steps are given for batches of lr_reference_tokens; a batch k times larger gets warmup_steps / k
-    # and peak × min(√k, √2). lr_scaling: auto (= sqrt when --max-tokens is auto, else off) | sqrt | off.
+    # and peak × min(√k, √2). lr_scaling: auto (= off, measured) | sqrt | off.
     lr_scaling: str = "auto"
     lr_reference_tokens: int = RECIPE_MAX_TOKENS
     # k, once applied: peak_learning_rate and warmup_steps then hold the scaled values (config.json).
