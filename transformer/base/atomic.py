@@ -20,20 +20,10 @@ from typing import Any, Callable, Iterator, Optional, TextIO
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Writes `text` (UTF-8) to `path` via a temp file in the same directory and `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Writes `text` (UTF-8, newlines as given) to `path` in one piece; see `open_text`."""
+    with open_text(path) as f:
+        f.write(text)
+    return Path(path)
 
 
 def write_json(path: str | Path, value: Any, *, sort_keys: bool = False, ensure_ascii: bool = True,

@@ -89,14 +89,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     report = benchmark_decoding(translator, sources, references, baseline_sentences=args.baseline_sentences,
                                 repeats=args.repeats)
-    report.update({
-        "run": str(Path(args.run).resolve()),
-        "data": f"{args.data} ({args.split})",
-        "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "tensorflow": tf.__version__,
-                    "gpus": len(tf.config.list_physical_devices("GPU"))},
-        "wall_time_s": round(time.perf_counter() - started, 1),
-    })
+    report.update(_provenance(args, argv, tf, started))
     output = Path(args.output) if args.output else Path(args.run) / "decoding_benchmark.json"
     save_report(report, output)
     cached, base = report["cached_batched"]["warm"], report["uncached_batch1"]
@@ -114,6 +107,17 @@ def main(argv=None) -> int:
           f"output-length bound: {report['speedup_same_subset_unbounded']}x)")
     print(f"report: {output}")
     return 0
+
+
+def _provenance(args, argv, tf, started: float) -> dict:
+    """What every decoding report records: the run, data, command, machine and wall time since `started`."""
+    return {
+        "run": str(Path(args.run).resolve()),
+        "data": f"{args.data} ({args.split})",
+        "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": _machine(tf),
+        "wall_time_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def _machine(tf) -> dict:
@@ -139,13 +143,9 @@ def _profile(args, argv) -> int:
     translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size), args.checkpoint)
     started = time.perf_counter()
     report = decode_time_breakdown(translator, sources, repeats=max(args.repeats, 1))
+    report.update(_provenance(args, argv, tf, started))
     report.update({
-        "run": str(Path(args.run).resolve()),
-        "data": f"{args.data} ({args.split})",
-        "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": {k: getattr(translator.model.config, k) for k in translator.model.config.__dataclass_fields__},
-        "machine": _machine(tf),
-        "wall_time_s": round(time.perf_counter() - started, 1),
         "table": format_breakdown(report),
     })
     output = Path(args.output) if args.output else Path(args.run) / "decoding_profile.json"
@@ -209,15 +209,8 @@ def _compare(args, argv) -> int:
         report = compare_engines(engines, sources, repeats=args.repeats)
     for name, description in described.items():
         report["engines"][name]["settings"] = description
-    report.update({
-        "run": str(Path(args.run).resolve()),
-        "data": f"{args.data} ({args.split})",
-        "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "ctranslate2": ctranslate2.__version__,
-        "machine": _machine(tf),
-        "wall_time_s": round(time.perf_counter() - started, 1),
-        "table": comparison_table(report),
-    })
+    report.update(_provenance(args, argv, tf, started))
+    report.update({"ctranslate2": ctranslate2.__version__, "table": comparison_table(report)})
     output = Path(args.output) if args.output else Path(args.run) / "decoding_comparison.json"
     save_report(report, output)
     print(report["table"])

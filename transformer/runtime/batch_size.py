@@ -151,21 +151,10 @@ def cache_key(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _read_cache(path: Path) -> dict:
-    try:
-        entries = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        log.warning("ignoring unreadable batch-size cache %s (%s)", path, err)
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
 def cached_probe(key_fields: dict, run_probe: Callable[[], BatchProbe]) -> tuple[BatchProbe, bool]:
     """(probe, from cache?): the cached probe for `key_fields`, else `run_probe()`, cached unless it failed."""
     path, key = cache_path(), cache_key(key_fields)
-    entries = _read_cache(path)
+    entries = precision.read_cache(path, "batch-size")
     entry = entries.get(key)
     if isinstance(entry, dict):
         try:

@@ -285,13 +285,14 @@ def cache_key(facts: DeviceFacts) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _read_cache(path: Path) -> dict:
+def read_cache(path: Path, what: str) -> dict:
+    """The entries of a JSON probe cache (`what`: its name in the warning); {} when absent or unreadable."""
     try:
         entries = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        log.warning("ignoring unreadable precision cache %s (%s)", path, err)
+        log.warning("ignoring unreadable %s cache %s (%s)", what, path, err)
         return {}
     return entries if isinstance(entries, dict) else {}
 
@@ -304,7 +305,7 @@ def cached_probe(facts: DeviceFacts, probe=probe_bf16_speedup) -> tuple[Optional
     for this run but not cached; such a cached entry is not used: the probe runs again.
     """
     path, key = cache_path(), cache_key(facts)
-    entries = _read_cache(path)
+    entries = read_cache(path, "precision")
     entry = entries.get(key)
     if isinstance(entry, dict):
         try:
