@@ -258,7 +258,6 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
-    requested = dataclasses.replace(requested, model=model_config)
     # --max-tokens auto. A GPU probe times steps without XLA: compiling each budget's shape would
     # cost ~40 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
     resolved, batch = resolve_batch(config.replace(train={"xla": False}), "tpu" if strategy_name == "tpu" else device,
