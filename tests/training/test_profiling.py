@@ -1,5 +1,6 @@
 """`--profile-steps A:B`: a profiler trace of the chosen steps and its op-category breakdown."""
 
+import csv
 import json
 
 import keras
@@ -68,6 +69,13 @@ def test_profiled_run_breaks_device_time_down_by_category(bible_tokenizers, tmp_
     for name in ("matmul", "softmax", "layer_norm", "dropout", "cast", "loss", "optimizer"):
         assert categories[name]["seconds"] > 0, name  # a bf16 step with dropout has all of these
     assert profile["top_ops"][0]["seconds"] >= profile["top_ops"][-1]["seconds"]
+    with open(output / report["steps_csv"]) as rows:
+        tokens = [int(row["tgt_tokens"]) for row in csv.DictReader(rows)]
+    assert profile["tgt_tokens"] == sum(tokens[1:3]) > 0  # steps 2-3 (1-based): rows 1 and 2
+    per_token = profile["us_per_tgt_token"]
+    assert per_token["matmul"] == pytest.approx(1e6 * categories["matmul"]["seconds"] / profile["tgt_tokens"])
+    assert profile["non_matmul_us_per_tgt_token"] == pytest.approx(
+        profile["device_us_per_tgt_token"] - per_token["matmul"])
     assert {op["category"] for op in profile["top_ops"]} <= set(CATEGORIES)
 
     table = compare([output / "report.json", output / "report.json"])

@@ -4,7 +4,10 @@
 the TensorFlow profiler before step A and stops it after step B (`StepProfiler`, a Keras
 callback). The trace lands in the run's TensorBoard directory
 (`<run>/tensorboard/plugins/profile/<timestamp>/<host>.xplane.pb`, TensorBoard's Profile tab
-reads it) and `op_breakdown` turns it into the report's `profile` section.
+reads it) and `op_breakdown` turns it into the report's `profile` section; `per_target_token`
+adds each category's device time per real target token of the profiled steps (the token
+counts come from the step-time report's rows), the unit in which step costs compare across
+batch sizes and machines.
 
 How time is counted. Inside a compiled (non-XLA) train step every TensorFlow op runs as a
 kernel on an executor thread and the profiler records one event per op execution, named
@@ -260,11 +263,14 @@ class StepProfiler(keras.callbacks.Callback):
         self._started_at = 0.0
         self._started_wall = 0.0
         self._profiled = 0
+        self._records_before = 0  # the report's step rows written before step `first`
 
     def on_train_batch_begin(self, batch, logs=None):
         self._step += 1
         if self._step == self.first and self.result is None:
             import tensorflow as tf
+
+            self._records_before = len(self.report.records) if self.report is not None else 0
 
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._started_wall = time.time()
@@ -301,12 +307,17 @@ class StepProfiler(keras.callbacks.Callback):
             }
             xspace = load_xspace(trace)
             self.result.update(op_breakdown(xspace))
+            self.result.update(per_target_token(self.result, self._profiled_tokens()))
             gpu = gpu_breakdown(xspace, self._profiled)
             if gpu is not None:
                 self.result["gpu"] = gpu
         if "categories" in self.result:
             log.info("profile of steps %d-%d (%s): device time %.2f s: %s", *self.result["steps"],
                      self.result["trace"], self.result["device_time_s"], format_breakdown(self.result))
+            if self.result.get("non_matmul_us_per_tgt_token") is not None:
+                log.info("per real target token (%d tokens): device %.1f µs, outside matmul %.1f µs",
+                         self.result["tgt_tokens"], self.result["device_us_per_tgt_token"],
+                         self.result["non_matmul_us_per_tgt_token"])
         if "gpu" in self.result:
             gpu = self.result["gpu"]
             log.info("profile on the GPU: %d kernels (%.0f per step), busy %.3f s of %.3f s (%.0f%% idle): %s",
@@ -315,6 +326,35 @@ class StepProfiler(keras.callbacks.Callback):
         if self.report is not None:
             self.report.profile = self.result
             self.report.write()
+
+
+    def _profiled_tokens(self) -> Optional[int]:
+        """Real (non-pad) target tokens of the profiled steps, from the report's step rows."""
+        if self.report is None:
+            return None
+        rows = self.report.records[self._records_before:]
+        if len(rows) != self._profiled or any(row.tgt_tokens is None for row in rows):
+            return None
+        return sum(row.tgt_tokens for row in rows)
+
+
+def per_target_token(breakdown: dict, tgt_tokens: Optional[int]) -> dict:
+    """Device time per real target token: comparable across batch sizes, models' steps and CPUs.
+
+    Returns `tgt_tokens` (real target tokens of the profiled steps), `device_us_per_tgt_token`,
+    `non_matmul_us_per_tgt_token` (device time outside `matmul`) and
+    `us_per_tgt_token` {category: microseconds}; all None without a token count.
+    """
+    if not tgt_tokens:
+        return {"tgt_tokens": tgt_tokens, "device_us_per_tgt_token": None, "non_matmul_us_per_tgt_token": None,
+                "us_per_tgt_token": None}
+    per_token = {name: 1e6 * value["seconds"] / tgt_tokens for name, value in breakdown["categories"].items()}
+    return {
+        "tgt_tokens": tgt_tokens,
+        "device_us_per_tgt_token": 1e6 * breakdown["device_time_s"] / tgt_tokens,
+        "non_matmul_us_per_tgt_token": sum(v for name, v in per_token.items() if name != "matmul"),
+        "us_per_tgt_token": per_token,
+    }
 
 
 def format_breakdown(profile: dict) -> str:
