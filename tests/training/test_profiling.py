@@ -128,3 +128,26 @@ def test_a_cpu_trace_has_no_gpu_section():
     space = _gpu_trace()
     del space.planes[1]
     assert gpu_breakdown(space, steps=2) is None
+
+
+def test_xla_programs_inside_a_step_are_counted_once_as_xla():
+    """`--fused-blocks`' XLA programs leave CpuExecutable/ThunkExecutor events, not `name:type` op events."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    names = {1: "transformer_1/encoder_0_1/ffn_1/outer_1/MatMul:_MklMatMul", 2: "CpuExecutable::ExecuteAsyncOnStream",
+             3: "ThunkExecutor::Execute", 4: "wrapped_reduce-window.3"}
+    for key, name in names.items():
+        host.event_metadata[key].name = name
+    compute = host.lines.add(name="tf_Compute/1")
+    compute.events.add(metadata_id=1, offset_ps=0, duration_ps=3_000_000)
+    compute.events.add(metadata_id=2, offset_ps=5_000_000, duration_ps=4_000_000)  # a program: 4 µs
+    compute.events.add(metadata_id=3, offset_ps=6_000_000, duration_ps=2_000_000)  # nested in it: not again
+    compute.events.add(metadata_id=4, offset_ps=6_500_000, duration_ps=1_000_000)  # an HLO fusion in it
+    worker = host.lines.add(name="tf_numa_-1_Eigen/7")
+    worker.events.add(metadata_id=3, offset_ps=6_000_000, duration_ps=1_500_000)  # its piece on a worker: 1.5 µs
+    breakdown = op_breakdown(space)
+    assert breakdown["categories"]["xla"]["seconds"] == pytest.approx(5.5e-6)
+    assert breakdown["categories"]["matmul"]["seconds"] == pytest.approx(3e-6)
+    assert breakdown["device_time_s"] == pytest.approx(8.5e-6)

@@ -17,7 +17,7 @@ host-side) time spent in kernels. Ops on parallel inter-op threads overlap, so d
 can exceed the steps' wall time; the shares are of device time. Ops of the input pipeline
 (tf.data threads, e.g. tokenization while the cache fills) are left out: the step-time
 report measures the input wait. With `--xla` the step is one
-XLA cluster and the breakdown shows it as `other` (XlaLaunch): profile without XLA.
+XLA program and the breakdown shows it as `xla`: profile without XLA.
 
 On a GPU the op events above are the host's side of each op (its launch); what the GPU did is
 in the trace's `/device:GPU:N` planes, one line per CUDA stream, one event per kernel or copy.
@@ -36,6 +36,8 @@ Categories (first rule that matches wins; `CATEGORIES` keeps this order):
                  elementwise ops of an attention layer, outside its projections)
     layer_norm   ops under a `*norm*` scope (the model's LayerNorm and its `layer_norm_grad`)
     embedding    embedding scopes and gather / segment-sum ops
+    xla          XLA programs inside a non-XLA step (`--fused-blocks`, transformer/model/fused.py):
+                 their `CpuExecutable` / `ThunkExecutor` events, which name no op
     other        everything else (bias, residual adds, activations, transposes, reshapes...)
 """
 
@@ -52,13 +54,18 @@ import keras
 
 log = logging.getLogger(__name__)
 
-CATEGORIES = ("matmul", "softmax", "layer_norm", "dropout", "cast", "embedding", "loss", "optimizer", "other")
+CATEGORIES = ("matmul", "softmax", "layer_norm", "dropout", "cast", "embedding", "loss", "optimizer", "xla",
+              "other")
 TOP_OPS = 15
 
 _OP_EVENT = re.compile(r"^(?P<name>[A-Za-z0-9_.>/\-]+):(?P<type>[A-Za-z0-9_]+)$")
 _MATMUL_TYPES = re.compile(r"^_?(Mkl|Fused|MklFused|MklNative|MklNativeFused)*(MatMul|BatchMatMul(V2|V3)?|Einsum|Conv\w*)$")
 _OPTIMIZER_SCOPES = ("adam", "adamw", "sgd", "optimizer", "loss_scale_optimizer", "apply_gradients")
 _PROJECTIONS = ("query", "key", "value", "attention_output")
+# An XLA program run by a non-XLA step (`XlaLaunch`) leaves no `name:type` op event: its time is
+# in these events, on the executor's thread and on the worker threads that run its pieces.
+_XLA_EVENTS = ("CpuExecutable::ExecuteAsyncOnStream", "ThunkExecutor::Execute")
+XLA_OP_TYPE = "XlaProgram"
 
 
 def _scope(name: str) -> list[str]:
@@ -70,6 +77,8 @@ def categorize(op_name: str, op_type: str) -> str:
     """The category (one of `CATEGORIES`) of one op, from its name scope and type."""
     scope = _scope(op_name)
     kind = op_type.lstrip("_")
+    if op_type == XLA_OP_TYPE:
+        return "xla"
     if any(part in _OPTIMIZER_SCOPES for part in scope) or kind.startswith("ResourceApply"):
         return "optimizer"
     if "compile_loss" in scope or "CrossEntropyWithLogits" in kind:
@@ -101,11 +110,15 @@ def _op_events(xspace) -> Iterable[tuple[str, str, int]]:
         for line in plane.lines:
             if line.name.startswith("tf_data"):  # input-pipeline threads: not the step's work
                 continue
-            ops = []
-            for event in line.events:
-                match = _OP_EVENT.match(metadata[event.metadata_id].name)
+            ops, xla_end = [], -1
+            for event in sorted(line.events, key=lambda e: (e.offset_ps, -e.duration_ps)):
+                name = metadata[event.metadata_id].name
+                match = _OP_EVENT.match(name)
                 if match:
                     ops.append((event.offset_ps, event.duration_ps, match["name"], match["type"]))
+                elif name in _XLA_EVENTS and event.offset_ps >= xla_end:  # outermost XLA events only
+                    xla_end = event.offset_ps + event.duration_ps
+                    ops.append((event.offset_ps, event.duration_ps, f"xla/{line.name}", XLA_OP_TYPE))
             ops.sort(key=lambda op: (op[0], -op[1]))
             stack: list[list] = []  # [end, self_ps, name, type] of open (enclosing) op events
             for start, duration, name, op_type in ops:
