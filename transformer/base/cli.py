@@ -247,10 +247,6 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="keep XLA-compiled programs across runs in this directory (default auto: "
                             "$TRANSFORMER_XLA_CACHE, else $XDG_CACHE_HOME/transformer-nmt/xla/<machine key>); "
                             "used when XLA may be on")
-    group.add_argument("--fused-blocks", action="store_true", default=None,
-                       help="run each attention's mask+softmax+dropout and each post-norm residual+dropout+layer "
-                            "norm as one small XLA program per direction, matrix products outside "
-                            "(transformer/model/fused.py; off by default)")
     group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
     group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
     group.add_argument("--verbose", type=int, choices=[0, 1, 2])

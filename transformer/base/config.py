@@ -281,7 +281,6 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto | off | float16 | bfloat16 (auto: transformer/runtime/precision.py)
     xla: Optional[bool] = None  # None: auto (transformer/runtime/precision.py); True/False: --xla/--no-xla
     xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (precision.xla_cache_dir)
-    fused_blocks: bool = False  # training's element-wise blocks as small XLA programs (transformer/model/fused.py)
     output_dir: str = "runs/latest"
     resume: bool = False
     verbose: int = 1

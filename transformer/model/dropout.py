@@ -21,18 +21,13 @@ import tensorflow as tf
 _HALF_RANGE = 65536
 
 
-def dropout_seed(seed_generator: keras.random.SeedGenerator) -> tf.Tensor:
-    """The next stateless seed, int32 `[2]`, of a Keras `SeedGenerator` (as Keras' `_cast_seed`)."""
-    return tf.cast(tf.math.floormod(seed_generator.next(), tf.int32.max - 1), tf.int32)
-
-
 def fast_dropout(x: tf.Tensor, rate: float, seed_generator: keras.random.SeedGenerator) -> tf.Tensor:
     """`x` (any float dtype/shape) with elements zeroed with probability `rate`, the rest / (1 - rate)."""
     if rate <= 0.0:
         return x
     if rate >= 1.0:
         return tf.zeros_like(x)
-    seed = dropout_seed(seed_generator)
+    seed = tf.cast(tf.math.floormod(seed_generator.next(), tf.int32.max - 1), tf.int32)  # as Keras' _cast_seed
     size = tf.size(x)
     words = tf.random.stateless_uniform([(size + 1) // 2], seed, minval=None, maxval=None, dtype=tf.uint32)
     halves = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]

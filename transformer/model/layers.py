@@ -32,8 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from transformer.model.dropout import FastDropout, dropout_seed, fast_dropout
-from transformer.model.fused import residual_norm, softmax_dropout
+from transformer.model.dropout import FastDropout, fast_dropout
 from transformer.model.layer_norm import LayerNorm
 
 NEG_INF = -1e9
@@ -114,12 +113,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
     Returns:
         `output [batch, query_len, dim]`, plus `scores [batch, heads, query_len, key_len]`
         when `return_attention_scores`, plus the updated `cache` when one was given.
-
-    `fused_blocks` (attribute, default False; `Transformer.use_fused_blocks`): in training,
-    mask + softmax + dropout run as one XLA program each way (`transformer.model.fused`).
     """
-
-    fused_blocks = False
 
     def call(self, query, value, attention_mask=None, cache=None, cache_update_index=None,
              training=None, return_attention_scores=False):
@@ -185,33 +179,22 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
-        logits = tf.matmul(query_heads, key_heads, transpose_b=True)  # [B, N, T, S]
-        # Keras' Dropout creates its seed generator only for a rate > 0.
-        use_dropout = training and self._dropout > 0
-        if training and self.fused_blocks:
-            bias = tf.zeros([], tf.float32) if attention_mask is None else _mask_bias(attention_mask)
-            seed = dropout_seed(self._dropout_layer.seed_generator) if use_dropout else tf.zeros([2], tf.int32)
-            dropped, scores = softmax_dropout(logits, bias, seed, self._dropout if use_dropout else 0.0)
-            output = tf.matmul(dropped, tf.transpose(value_heads, [0, 2, 1, 3]))
-            return tf.transpose(output, [0, 2, 1, 3]), scores
-        logits = tf.cast(logits, tf.float32)
+        logits = tf.matmul(query_heads, key_heads, transpose_b=True)
+        logits = tf.cast(logits, tf.float32)  # [B, N, T, S]
         if attention_mask is not None:
             # An additive bias (0 or NEG_INF), built on the head-less mask: masked weights are
             # still exactly 0, and its gradient is the identity, where tf.where's backward
             # costs two selects over [B, N, T, S].
-            logits += _mask_bias(attention_mask)
+            mask = tf.cast(attention_mask, tf.bool)
+            while mask.shape.rank < 3:
+                mask = mask[tf.newaxis]
+            logits += tf.where(mask, 0.0, NEG_INF)[:, tf.newaxis]
         scores = tf.nn.softmax(logits, axis=-1)
+        # Keras' Dropout creates its seed generator only for a rate > 0.
+        use_dropout = training and self._dropout > 0
         dropped = fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator) if use_dropout else scores
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
-
-
-def _mask_bias(attention_mask):
-    """bool mask broadcastable to `[B, T, S]` → float32 bias `[B|1, 1, T|1, S]`: 0 attended, NEG_INF masked."""
-    mask = tf.cast(attention_mask, tf.bool)
-    while mask.shape.rank < 3:
-        mask = mask[tf.newaxis]
-    return tf.where(mask, 0.0, NEG_INF)[:, tf.newaxis]
 
 
 def write_positions(cache, update, index, axis: int = 1):
@@ -253,13 +236,11 @@ class FeedForward(keras.layers.Layer):
         self.outer.build(tuple(input_shape[:-1]) + (self.dff,))
         super().build(input_shape)
 
-    def call(self, x, training=None, output_dropout=True):
-        """`output_dropout=False`: without the output's dropout (the caller fuses it, `residual_norm`)."""
+    def call(self, x, training=None):
         hidden = self.inner(x)
         if self.inner_dropout is not None:
             hidden = self.inner_dropout(hidden, training=training)
-        output = self.outer(hidden)
-        return self.dropout(output, training=training) if output_dropout else output
+        return self.dropout(self.outer(hidden), training=training)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate,
@@ -279,12 +260,7 @@ class _Block(keras.layers.Layer):
     2019; needs a final LN on the stack's output, see `Transformer`): x = x + f(LN(x)).
     attention_dropout: dropout on attention probabilities (None: dropout_rate).
     activation_dropout: dropout on the FFN's ReLU outputs (default 0).
-    fused_blocks (attribute, default False; `Transformer.use_fused_blocks`): in training,
-    each post-norm residual LN(x + dropout(f(x))) runs as one XLA program each way
-    (`transformer.model.fused.residual_norm`).
     """
-
-    fused_blocks = False
 
     def __init__(self, d_model: int, num_heads: int, key_dim: int, dff: int, dropout_rate: float,
                  pre_norm: bool = False, attention_dropout=None, activation_dropout: float = 0.0, **kwargs):
@@ -304,28 +280,6 @@ class _Block(keras.layers.Layer):
     def _residual(self, norm, x, update):
         """x + update (pre-norm) or LN(x + update) (post-norm)."""
         return x + update if self.pre_norm else norm(x + update)
-
-    def _fuses(self, training) -> bool:
-        return bool(training) and self.fused_blocks and not self.pre_norm
-
-    def _ffn_residual(self, norm, x, h, training):
-        """The FFN sublayer's residual `_residual(norm, x, ffn(h))`, fused with the FFN's dropout when `_fuses`."""
-        if not self._fuses(training):
-            return self._residual(norm, x, self.ffn(h, training=training))
-        rate = max(self.ffn.dropout.rate, 0.0)
-        seed = dropout_seed(self.ffn.dropout.seed_generator) if rate else tf.zeros([2], tf.int32)
-        return self._fused_residual(norm, x, self.ffn(h, training=training, output_dropout=False), seed, rate)
-
-    def _attention_residual(self, norm, x, update, training):
-        """`_residual(norm, x, update)`, one XLA program each way when `_fuses`."""
-        if not self._fuses(training):
-            return self._residual(norm, x, update)
-        return self._fused_residual(norm, x, update, tf.zeros([2], tf.int32), 0.0)
-
-    @staticmethod
-    def _fused_residual(norm, x, update, seed, rate):
-        return residual_norm(x, update, tf.convert_to_tensor(norm.gamma), tf.convert_to_tensor(norm.beta), seed,
-                             rate, norm.epsilon)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
@@ -366,11 +320,10 @@ class EncoderLayer(_Block):
 
     def call(self, x, attention_mask=None, training=None):  # noqa: D102
         h = self._sublayer_input(self.attention_norm, x)
-        x = self._attention_residual(self.attention_norm, x,
-                                     self.self_attention(h, h, attention_mask=attention_mask, training=training),
-                                     training)
+        x = self._residual(self.attention_norm, x,
+                           self.self_attention(h, h, attention_mask=attention_mask, training=training))
         h = self._sublayer_input(self.ffn_norm, x)
-        return self._ffn_residual(self.ffn_norm, x, h, training)
+        return self._residual(self.ffn_norm, x, self.ffn(h, training=training))
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -421,7 +374,7 @@ class DecoderLayer(_Block):
                 cache_update_index=cache_update_index, training=training)
         else:
             attended = self.self_attention(h, h, attention_mask=self_attention_mask, training=training)
-        x = self._attention_residual(self.self_attention_norm, x, attended, training)
+        x = self._residual(self.self_attention_norm, x, attended)
         h = self._sublayer_input(self.cross_attention_norm, x)
         if cross_cache is not None:
             attended, cross_scores, _ = self.cross_attention(
@@ -430,9 +383,9 @@ class DecoderLayer(_Block):
         else:
             attended, cross_scores = self.cross_attention(
                 h, memory, attention_mask=cross_attention_mask, training=training, return_attention_scores=True)
-        x = self._attention_residual(self.cross_attention_norm, x, attended, training)
+        x = self._residual(self.cross_attention_norm, x, attended)
         h = self._sublayer_input(self.ffn_norm, x)
-        x = self._ffn_residual(self.ffn_norm, x, h, training)
+        x = self._residual(self.ffn_norm, x, self.ffn(h, training=training))
         return x, cross_scores, self_cache
 
     def cross_cache_for(self, memory):

@@ -213,19 +213,6 @@ class Transformer(keras.Model):
             new_self.append(self_cache)
         return self.logits(x), {"self": new_self, "cross": cache["cross"]}, cross_scores
 
-    def use_fused_blocks(self, on: bool = True) -> None:
-        """Training's element-wise blocks as XLA programs (`transformer.model.fused`), or not.
-
-        Switches every attention's mask + softmax + dropout and every post-norm residual +
-        dropout + layer norm; the computed function, the weights and inference are the same.
-        Takes effect at the next trace of the train step.
-        """
-        for layer in self.encoder_layers + self.decoder_layers:
-            layer.fused_blocks = on
-            for attention in (getattr(layer, name, None) for name in ("self_attention", "cross_attention")):
-                if attention is not None:
-                    attention.fused_blocks = on
-
     def logits(self, x):
         """Decoder output `[B, T, d_model]` → logits `[B, T, V]` float32 (final norm if pre-norm)."""
         if self.decoder_norm is not None:

@@ -298,7 +298,6 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     clock = TrainingClock(budget_s, total_steps, wall=config.train.budget_clock == "wall", started=started)
     with strategy.scope():
         model = build_model(model_config)
-        model.use_fused_blocks(config.train.fused_blocks)
         optimizer = compile_model(model, config, make_schedule(config, model_config.d_model, clock.progress, total_steps))
         checkpoints = RunCheckpoints(write_dir / CHECKPOINT_DIR, model, optimizer,
                                      max_to_keep=config.train.keep_checkpoints,
