@@ -131,7 +131,7 @@ def test_a_cpu_trace_has_no_gpu_section():
 
 
 def test_xla_programs_inside_a_step_are_counted_once_as_xla():
-    """`--fused-blocks`' XLA programs leave CpuExecutable/ThunkExecutor events, not `name:type` op events."""
+    """XLA programs called by a non-XLA step leave CpuExecutable/ThunkExecutor events, not `name:type` op events."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()

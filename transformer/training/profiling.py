@@ -36,7 +36,7 @@ Categories (first rule that matches wins; `CATEGORIES` keeps this order):
                  elementwise ops of an attention layer, outside its projections)
     layer_norm   ops under a `*norm*` scope (the model's LayerNorm and its `layer_norm_grad`)
     embedding    embedding scopes and gather / segment-sum ops
-    xla          XLA programs inside a non-XLA step (`--fused-blocks`, transformer/model/fused.py):
+    xla          XLA programs inside a non-XLA step (a `tf.function(jit_compile=True)` it calls):
                  their `CpuExecutable` / `ThunkExecutor` events, which name no op
     other        everything else (bias, residual adds, activations, transposes, reshapes...)
 """
