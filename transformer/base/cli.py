@@ -236,6 +236,10 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int)
     group.add_argument("--warmup-steps", type=int)
     group.add_argument("--label-smoothing", type=float)
+    group.add_argument("--accumulate-steps", type=_accumulate_steps, metavar="N",
+                       help="gradient accumulation: each optimizer update sums N micro-batches of --max-tokens "
+                            "(or --batch-size): an N× larger batch in the memory of one; steps, the schedule and "
+                            "reports count updates (default 1)")
     group.add_argument("--device", choices=DEVICES)
     group.add_argument("--mixed-precision", choices=PRECISIONS,
                        help="Keras mixed precision (default auto: decided from the device and a short probe, "
@@ -282,6 +286,16 @@ def _length_buckets(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def _accumulate_steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of micro-batches >= 1 (e.g. 4)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the micro-batches per update must be >= 1 (1 = no accumulation)")
+    return value
 
 
 def _profile_steps(text: str) -> str:

@@ -277,6 +277,10 @@ class TrainConfig:
     # None: not applied yet (a config from the command line).
     lr_batch_factor: Optional[float] = None
     label_smoothing: float = 0.1
+    # gradient accumulation: each optimizer update sums the gradients of this many micro-batches of the
+    # pipeline's size (the effective batch is N times larger, the memory that of one micro-batch);
+    # steps, the schedule and step-time reports count updates (transformer/model/accumulation.py)
+    accumulate_steps: int = 1
     bleu_sentences: int = 256  # validation pairs decoded for BLEU/chrF during training (0: off)
     bleu_every_steps: Optional[int] = None  # None: at eval_at under a budget, else at the end of every epoch
     early_stop_patience: Optional[int] = None  # stop after N BLEU evaluations without a new best
@@ -348,6 +352,9 @@ class TrainConfig:
             raise ValueError(f"train.keep_checkpoints must be > 0, got {self.keep_checkpoints}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
             raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
+        if isinstance(self.accumulate_steps, bool) or not isinstance(self.accumulate_steps, int) \
+                or self.accumulate_steps < 1:
+            raise ValueError(f"train.accumulate_steps must be an integer >= 1, got {self.accumulate_steps!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.strategy not in STRATEGIES:

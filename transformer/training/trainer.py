@@ -161,6 +161,8 @@ def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> d
                 else f"{pipeline.max_tokens} tokens/bucket")
     if replicas > 1:
         batching += f" per replica × {replicas} replicas"
+    if config.train.accumulate_steps > 1:  # a report's step is an optimizer update
+        batching += f" × {config.train.accumulate_steps} micro-batches per update (accumulated)"
     return {
         "label": config.train.label or Path(config.train.output_dir).name,
         "device": device or config.train.device,
