@@ -132,6 +132,18 @@ CASES = [
                 "--dropout", "0.1", *TRAIN], {},
      r"--resume: 2 flag\(s\) contradict .*--num-layers 3 \(the run has model\.num_layers = 1\); "
      r"--d-model 64 \(the run has model\.d_model = 16\)$", 2),
+    ("--init-from a missing run", "train",
+     lambda t: ["--data", str(good(t / "d")), "--init-from", str(t / "nope"), "--output", str(t / "o"), *TRAIN], {},
+     r"--init-from .*/nope: run directory not found", 2),
+    ("--init-from with contradicting architecture flags", "train",
+     lambda t: ["--data", str(good(t / "d")), "--init-from", str(saved_run(t / "r")), "--output", str(t / "o"),
+                "--num-layers", "3", "--d-model", "64", "--dropout", "0.3", *TRAIN], {},
+     r"--init-from .*/r: 2 flag\(s\) contradict .*--num-layers 3 \(the run has model\.num_layers = 1\); "
+     r"--d-model 64 \(the run has model\.d_model = 16\)$", 2),
+    ("--init-from a run without checkpoints", "train",
+     lambda t: ["--data", str(good(t / "d")), "--init-from", str(saved_run(t / "r")), "--output", str(t / "o"),
+                *TRAIN], {},
+     r"--init-from .*/r: no latest checkpoint in .*/r/checkpoints", 2),
     ("build_tokenizers: empty corpus", "build_tokenizers",
      lambda t: ["--data", str(corpus(t / "d", "\n", "\n")), "--tokenizers-root", str(t / "tok")], {},
      "empty corpus", 2),

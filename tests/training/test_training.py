@@ -294,3 +294,19 @@ def test_fit_reads_one_training_iterator_for_the_whole_run(bible_tokenizers, tmp
     assert report["steps_done"] == report["steps_planned"] == 2 * per_epoch
     assert len(opened) == 1
     assert not [w for w in caught if "ran out of data" in str(w.message)]
+
+
+def test_accumulated_steps_are_updates_of_n_micro_batches(bible_tokenizers, tmp_path):
+    """--accumulate-steps 2: three fit steps = three optimizer updates, each reading two micro-batches
+    (the report's steps are updates; their examples are those of both micro-batches)."""
+    results = {n: train(run_config(bible_tokenizers, tmp_path / f"n{n}", validation=False, epochs=1,
+                                   steps_per_epoch=STEPS, accumulate_steps=n)) for n in (1, 2)}
+    for n, result in results.items():
+        assert result.summary["optimizer_steps"] == STEPS
+        report = json.loads((tmp_path / f"n{n}" / "report.json").read_text())
+        assert report["steps_done"] == STEPS
+    assert "× 2 micro-batches per update" in report["run"]["batching"]
+    assert RunConfig.load(tmp_path / "n2" / CONFIG_FILE).train.accumulate_steps == 2
+    # same buckets' rows doubled: twice the sentences per update (the buckets drawn differ a little)
+    ratio = results[2].summary["tokens_seen"]["examples"] / results[1].summary["tokens_seen"]["examples"]
+    assert 1.6 < ratio < 2.4, ratio

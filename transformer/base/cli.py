@@ -8,6 +8,7 @@ defaults live in one place (transformer/base/config.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from transformer.base.config import (
     AUTO,
+    FINE_TUNE_MODEL_FIELDS,
     RECIPE_MAX_TOKENS,
     CorpusSpec,
     DataConfig,
@@ -234,6 +236,10 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int)
     group.add_argument("--warmup-steps", type=int)
     group.add_argument("--label-smoothing", type=float)
+    group.add_argument("--accumulate-steps", type=_accumulate_steps, metavar="N",
+                       help="gradient accumulation: each optimizer update sums N micro-batches of --max-tokens "
+                            "(or --batch-size): an N× larger batch in the memory of one; steps, the schedule and "
+                            "reports count updates (default 1)")
     group.add_argument("--device", choices=DEVICES)
     group.add_argument("--mixed-precision", choices=PRECISIONS,
                        help="Keras mixed precision (default auto: decided from the device and a short probe, "
@@ -249,6 +255,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                             "used when XLA may be on")
     group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
     group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
+    group.add_argument("--init-from", metavar="RUN",
+                       help="start a new run (own --output, schedule, step count and budget) from the weights of "
+                            "run directory RUN, with its tokenizers and architecture (fine-tuning); see "
+                            "--init-checkpoint")
+    group.add_argument("--init-checkpoint", metavar="{latest,best,averaged,PREFIX}",
+                       help="which of RUN's weights --init-from loads: latest (default), best (by validation "
+                            "BLEU), averaged, or a checkpoint prefix")
     group.add_argument("--verbose", type=int, choices=[0, 1, 2])
     group.add_argument("--label", help="name of this run in step-time reports (default: --output's name)")
     group.add_argument("--no-probe-peak", dest="probe_peak", action="store_false", default=None,
@@ -273,6 +286,16 @@ def _length_buckets(text: str) -> str:
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def _accumulate_steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of micro-batches >= 1 (e.g. 4)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the micro-batches per update must be >= 1 (1 = no accumulation)")
+    return value
 
 
 def _profile_steps(text: str) -> str:
@@ -315,12 +338,21 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err
     if config.train.resume:
         check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer})
+    if config.train.init_from:
+        config = apply_init_from(config, {"model": model, "tokenizer": tokenizer})
     return config
 
 
+def saved_conflicts(saved: RunConfig, given: dict[str, dict]) -> list[tuple[str, object, object]]:
+    """[(section.key, given value, saved value)] where `given` ({section: {key: value}}) contradicts `saved`
+    (the tokenizers' root, where they are built, is no contradiction)."""
+    return [(f"{section}.{key}", value, getattr(getattr(saved, section), key))
+            for section, values in given.items() for key, value in values.items()
+            if key != "root" and getattr(getattr(saved, section), key) != value]
+
+
 def resume_conflicts(run_dir: str, given: dict[str, dict]) -> list[tuple[str, object, object]]:
-    """[(section.key, given value, saved value)] where `given` ({section: {key: value}}) contradicts
-    `run_dir`/config.json; [] when there is no saved config yet (a fresh run with --resume)."""
+    """`saved_conflicts` with `run_dir`/config.json; [] when there is no saved config yet (a fresh run with --resume)."""
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         return []
@@ -329,19 +361,65 @@ def resume_conflicts(run_dir: str, given: dict[str, dict]) -> list[tuple[str, ob
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ArtifactError(f"{path} is damaged: {err}",
                             hint="restore it, or train a new run in another --output") from err
-    return [(f"{section}.{key}", value, getattr(getattr(saved, section), key))
-            for section, values in given.items() for key, value in values.items()
-            if key != "root" and getattr(getattr(saved, section), key) != value]
+    return saved_conflicts(saved, given)
+
+
+def _conflict_lines(conflicts: list[tuple[str, object, object]]) -> str:
+    """"--d-model 32 (the run has model.d_model = 16); …": each contradicting flag as typed, with both values."""
+    return "; ".join(f"{_typed_flag(key.split('.')[-1], typed)} (the run has {key} = {saved!r})"
+                     for key, typed, saved in conflicts)
+
+
+def _typed_flag(key: str, value: object) -> str:
+    """The flag and value as typed on the command line for config key `key`."""
+    if isinstance(value, bool):  # the switches: --lower-case / --cased, --shared-vocab / --no-shared-vocab
+        if key == "lower_case":
+            return "--lower-case" if value else "--cased"
+        flag = _FLAG_NAMES.get(key, key.replace("_", "-"))
+        return f"--{flag}" if value else f"--no-{flag}"
+    return f"--{_FLAG_NAMES.get(key, key.replace('_', '-'))} {value}"
 
 
 def check_resume_flags(run_dir: str, given: dict[str, dict]) -> None:
     """ConfigError listing the typed flags that contradict the run's saved config.json (with --resume)."""
     conflicts = resume_conflicts(run_dir, given)
     if conflicts:
-        lines = [f"--{_FLAG_NAMES.get(key.split('.')[-1], key.split('.')[-1].replace('_', '-'))} {typed!r} "
-                 f"(the run has {key} = {saved!r})" for key, typed, saved in conflicts]
-        raise ConfigError(f"--resume: {len(lines)} flag(s) contradict {run_dir}/config.json: " + "; ".join(lines),
+        raise ConfigError(f"--resume: {len(conflicts)} flag(s) contradict {run_dir}/config.json: "
+                          + _conflict_lines(conflicts),
                           hint="drop those flags to continue the run as it was, or train a new run in another --output")
+
+
+def apply_init_from(config: RunConfig, given: dict[str, dict]) -> RunConfig:
+    """`config` with the architecture and tokenizer settings of the run it starts from (`--init-from RUN`).
+
+    `given`: the model and tokenizer flags typed ({section: {key: value}}). A typed flag that
+    contradicts RUN's config.json is a ConfigError listing every such flag with both values;
+    the dropout rates (FINE_TUNE_MODEL_FIELDS) are the new run's own. A missing or damaged RUN
+    is an ArtifactError starting `--init-from RUN:`.
+    """
+    run = config.train.init_from
+    path = Path(run) / "config.json"
+    if not Path(run).is_dir():
+        raise ArtifactError(f"--init-from {run}: run directory not found",
+                            hint="give the --output directory of a finished training run")
+    if Path(run).resolve() == Path(config.train.output_dir).resolve():
+        raise ConfigError(f"--init-from {run}: that is this run's own --output",
+                          hint="--resume continues a run; --init-from starts a new one in another --output")
+    try:
+        saved = RunConfig.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ArtifactError(f"--init-from {run}: {path} is missing or damaged: {err}",
+                            hint="give the --output directory of a finished training run") from err
+    architecture = {"model": {k: v for k, v in given.get("model", {}).items() if k not in FINE_TUNE_MODEL_FIELDS},
+                    "tokenizer": given.get("tokenizer", {})}
+    conflicts = saved_conflicts(saved, architecture)
+    if conflicts:
+        raise ConfigError(f"--init-from {run}: {len(conflicts)} flag(s) contradict {path}: "
+                          + _conflict_lines(conflicts),
+                          hint="drop those flags: the architecture and tokenizers come from the run the weights do")
+    model = {k: v for k, v in given.get("model", {}).items() if k in FINE_TUNE_MODEL_FIELDS}
+    return config.replace(model=dataclasses.replace(saved.model, **model),
+                          tokenizer=dataclasses.replace(saved.tokenizer, root=config.tokenizer.root))
 
 
 _FLAG_NAMES = {"dropout_rate": "dropout", "time_budget_minutes": "time-budget", "peak_learning_rate": "peak-lr",

@@ -205,6 +205,11 @@ class ModelConfig:
                 f"src_vocab_size {self.src_vocab_size} != tgt_vocab_size {self.tgt_vocab_size}")
 
 
+# ModelConfig fields that shape no weight: a run started from another run's weights
+# (`--init-from`) may set its own; the other fields are that run's architecture.
+FINE_TUNE_MODEL_FIELDS = ("dropout_rate", "attention_dropout", "activation_dropout")
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """How token batches are built (see transformer/data/pipeline.py).
@@ -272,6 +277,10 @@ class TrainConfig:
     # None: not applied yet (a config from the command line).
     lr_batch_factor: Optional[float] = None
     label_smoothing: float = 0.1
+    # gradient accumulation: each optimizer update sums the gradients of this many micro-batches of the
+    # pipeline's size (the effective batch is N times larger, the memory that of one micro-batch);
+    # steps, the schedule and step-time reports count updates (transformer/model/accumulation.py)
+    accumulate_steps: int = 1
     bleu_sentences: int = 256  # validation pairs decoded for BLEU/chrF during training (0: off)
     bleu_every_steps: Optional[int] = None  # None: at eval_at under a budget, else at the end of every epoch
     early_stop_patience: Optional[int] = None  # stop after N BLEU evaluations without a new best
@@ -283,6 +292,10 @@ class TrainConfig:
     xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (precision.xla_cache_dir)
     output_dir: str = "runs/latest"
     resume: bool = False
+    # --init-from: a new run starting from another run's weights (transformer/training/init_from.py)
+    init_from: Optional[str] = None  # that run's directory
+    init_checkpoint: str = "latest"  # which of its weights: latest | best | averaged | a checkpoint prefix
+    init_from_step: Optional[int] = None  # the optimizer step of those weights in that run (filled at start)
     verbose: int = 1
     label: str = ""  # name of the run in step-time reports (default: output directory name)
     probe_peak: bool = True  # measure peak FLOP/s with a ~1 s matmul probe for utilisation
@@ -339,12 +352,19 @@ class TrainConfig:
             raise ValueError(f"train.keep_checkpoints must be > 0, got {self.keep_checkpoints}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
             raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
+        if isinstance(self.accumulate_steps, bool) or not isinstance(self.accumulate_steps, int) \
+                or self.accumulate_steps < 1:
+            raise ValueError(f"train.accumulate_steps must be an integer >= 1, got {self.accumulate_steps!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"train.strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.profile_steps is not None:
             parse_profile_steps(self.profile_steps)
+        if self.init_from is not None and not self.init_from.strip():
+            raise ValueError("train.init_from must be a run directory, got ''")
+        if not self.init_checkpoint.strip():
+            raise ValueError("train.init_checkpoint must be latest, best, averaged or a checkpoint prefix, got ''")
         if not self.xla_cache.strip():
             raise ValueError(f"train.xla_cache must be {', '.join(XLA_CACHE_MODES)} or a directory, got ''")
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",

@@ -6,7 +6,7 @@ per-sentence means), with optional label smoothing.
 
 Under a tf.distribute strategy with several replicas, "the batch" is the *global* batch:
 each replica returns (its sum of token losses) / (non-pad tokens of all replicas), the
-count being all-reduced across replicas (`_global_sum`). Keras 3 then sums the replicas'
+count being all-reduced across replicas (`global_sum`). Keras 3 then sums the replicas'
 gradients (`TFOptimizer._all_reduce_sum_gradients`), which gives exactly the one-device
 gradient of the global batch; a mean of per-replica means would weight a replica's tokens
 by 1 / its own token count and scale the gradient by the number of replicas.
@@ -50,13 +50,13 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
             token_loss = tf.nn.softmax_cross_entropy_with_logits(targets, logits)
         else:
             token_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(y_true, logits)
-        return tf.reduce_sum(token_loss * mask) / tf.maximum(_global_sum(tf.reduce_sum(mask)), 1.0)
+        return tf.reduce_sum(token_loss * mask) / tf.maximum(global_sum(tf.reduce_sum(mask)), 1.0)
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
 
 
-def _global_sum(value: tf.Tensor) -> tf.Tensor:
+def global_sum(value: tf.Tensor) -> tf.Tensor:
     """`value` summed over the replicas in sync; `value` itself with one replica or outside `strategy.run`."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:

@@ -65,7 +65,8 @@ def _handle(variable):
 
 
 def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras.optimizers.Optimizer:
-    """`FusedAdam`(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA.
+    """`FusedAdam`(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA,
+    and `--accumulate-steps` micro-batches per update (transformer/model/accumulation.py).
 
     Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
     variables are created here so a checkpoint can restore them before the first step.
@@ -74,6 +75,7 @@ def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras
     if schedule is None:
         schedule = make_schedule(config, model.config.d_model)
     optimizer = FusedAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    model.accumulate_steps = config.train.accumulate_steps
     model.compile(
         optimizer=optimizer,
         loss=MaskedSparseCrossEntropy(config.train.label_smoothing),

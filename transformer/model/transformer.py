@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from transformer.base.config import ModelConfig
 from transformer.base.constants import PAD_ID
+from transformer.model.accumulation import accumulated_train_step
 from transformer.model.dropout import FastDropout
 from transformer.model.layer_norm import LayerNorm
 from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
@@ -125,6 +126,15 @@ class Transformer(keras.Model):
         memory, src_mask = self.encode(src_ids, training=training)
         logits, _ = self.decode(tgt_ids, memory, src_mask, training=training)
         return logits
+
+    accumulate_steps = 1  # micro-batches per optimizer update (`compile_model`, --accumulate-steps)
+
+    def train_step(self, data):
+        """Keras' training step; with `accumulate_steps` > 1 one update from that many micro-batches
+        of the batch (transformer/model/accumulation.py)."""
+        if self.accumulate_steps == 1:
+            return super().train_step(data)
+        return accumulated_train_step(self, data, self.accumulate_steps)
 
     def test_step(self, data):
         """Keras' evaluation step, with the batch's loss weighted by its real rows.

@@ -110,7 +110,8 @@ def resolve_batch(config: RunConfig, device: str, model_config: ModelConfig, str
         rule = resolve_lr_scaling(config.train.lr_scaling, requested == AUTO)
         factor = 1.0
         if rule != "off" and config.pipeline.kind == "optimized":
-            factor = batch_factor(decision.max_tokens, config.train.lr_reference_tokens)
+            # the batch of one update: --accumulate-steps micro-batches of max_tokens
+            factor = batch_factor(decision.max_tokens * config.train.accumulate_steps, config.train.lr_reference_tokens)
     train = scale_for_batch(config.train, factor, rule, model_config.d_model)
     schedule = _schedule_record(config.train, train)
     config = config.replace(pipeline={"max_tokens": decision.max_tokens}, train=train)

@@ -70,6 +70,7 @@ from transformer.training.backup import StepBackupAndRestore, snapshots
 from transformer.training.batch_probe import resolve_batch
 from transformer.training.budget import TrainingClock
 from transformer.training.gc_freeze import FreezeLongLived
+from transformer.training.init_from import InitSource, open_init_source
 from transformer.training.profiling import StepProfiler
 from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
@@ -160,6 +161,8 @@ def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> d
                 else f"{pipeline.max_tokens} tokens/bucket")
     if replicas > 1:
         batching += f" per replica × {replicas} replicas"
+    if config.train.accumulate_steps > 1:  # a report's step is an optimizer update
+        batching += f" × {config.train.accumulate_steps} micro-batches per update (accumulated)"
     return {
         "label": config.train.label or Path(config.train.output_dir).name,
         "device": device or config.train.device,
@@ -186,6 +189,7 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     keeps its own layers' policies), so a caller's later models are not built in bfloat16.
     """
     config.validate()
+    init = open_init_source(config)  # --init-from: a missing or damaged run stops here, before the run directory
     # before TensorFlow lists its devices (it reads $TF_XLA_FLAGS once); inert when nothing compiles
     xla_cache = enable_xla_cache(config.train.xla_cache) if config.train.xla is not False else None
     run_dir = Path(config.train.output_dir)
@@ -196,11 +200,12 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
         if role.is_chief:  # one writer per run directory (other workers write to temporary directories)
             stack.enter_context(RunLock(make_run_dir(run_dir)))
         interrupts = stack.enter_context(InterruptHandler())
-        return _train_locked(config, run_dir, strategy_name, role, interrupts, extra_callbacks, xla_cache)
+        return _train_locked(config, run_dir, strategy_name, role, interrupts, extra_callbacks, xla_cache, init)
 
 
 def _train_locked(config: RunConfig, run_dir: Path, strategy_name: str, role: distribute.TaskRole,
-                  interrupts: InterruptHandler, extra_callbacks: tuple, xla_cache: Optional[dict]) -> TrainResult:
+                  interrupts: InterruptHandler, extra_callbacks: tuple, xla_cache: Optional[dict],
+                  init: Optional[InitSource] = None) -> TrainResult:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     backup = _has_backup(run_dir)
     if not (config.train.resume or backup) and checkpoint_dir.exists() and any(checkpoint_dir.iterdir()):
@@ -222,14 +227,14 @@ def _train_locked(config: RunConfig, run_dir: Path, strategy_name: str, role: di
         report.compile["persistent_cache"] = xla_cache
         with report.guard():
             return _train(config, run_dir, write_dir, strategy_name, role, config.train.resume or backup,
-                          report, extra_callbacks, interrupts)
+                          report, extra_callbacks, interrupts, init)
     finally:
         role.cleanup(write_dir, run_dir)
 
 
 def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str, role: distribute.TaskRole,
            resuming: bool, report: StepTimeReport, extra_callbacks: tuple,
-           interrupts: Optional[InterruptHandler] = None) -> TrainResult:
+           interrupts: Optional[InterruptHandler] = None, init: Optional[InitSource] = None) -> TrainResult:
     started = time.perf_counter()
     device = select_device(config.train.device)
     strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
@@ -248,8 +253,16 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if resuming and saved_tokenizers.is_dir() and (run_dir / CONFIG_FILE).exists():
         # the vocabulary the checkpoints were trained with, whatever --vocab-size etc. say now
         tokenizers, tokenizer_dir = load_tokenizers(saved_tokenizers), saved_tokenizers
-        config = dataclasses.replace(config, tokenizer=RunConfig.load(run_dir / CONFIG_FILE).tokenizer)
+        saved = RunConfig.load(run_dir / CONFIG_FILE)
+        config = dataclasses.replace(config, tokenizer=saved.tokenizer)
+        if init is None and saved.train.init_from:  # resumed without --init-from: the run still records its start
+            config = config.replace(train={k: getattr(saved.train, k)
+                                           for k in ("init_from", "init_checkpoint", "init_from_step")})
         log.info("--resume: using the run's tokenizers in %s", saved_tokenizers)
+    elif init is not None:  # the vocabulary the initial weights were trained with
+        tokenizers, tokenizer_dir = load_tokenizers(init.tokenizer_dir), init.tokenizer_dir
+        config = config.replace(tokenizer=dataclasses.replace(init.config.tokenizer, root=config.tokenizer.root))
+        log.info("--init-from: using the tokenizers of %s", init.run_dir)
     else:
         tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
     run_tokenizers = write_dir / TOKENIZER_DIR
@@ -258,6 +271,9 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
+    if init is not None:
+        init.check_model(model_config)
+        config = init.record(config)
     # --max-tokens auto. A GPU probe times steps without XLA: compiling each budget's shape would
     # cost ~40 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
     resolved, batch = resolve_batch(config.replace(train={"xla": False}), "tpu" if strategy_name == "tpu" else device,
@@ -298,6 +314,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     clock = TrainingClock(budget_s, total_steps, wall=config.train.budget_clock == "wall", started=started)
     with strategy.scope():
         model = build_model(model_config)
+        if init is not None:  # a resumed run's own checkpoint, restored below, replaces these weights
+            init.load_weights(model)
+            log.info("--init-from: weights of %s (step %s of that run); a new optimizer, schedule and step count",
+                     init.prefix, init.step)
         optimizer = compile_model(model, config, make_schedule(config, model_config.d_model, clock.progress, total_steps))
         checkpoints = RunCheckpoints(write_dir / CHECKPOINT_DIR, model, optimizer,
                                      max_to_keep=config.train.keep_checkpoints,

@@ -45,8 +45,15 @@ def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1, toke
     `tokenized`: `tokenized_training_pairs(...)`, to fill the cache the training then reuses.
     """
     batches = make_batches(corpus.training_pairs, tokenizers, config.pipeline, config.model.max_length,
-                           training=True, seed=config.train.seed, replicas=replicas, tokenized=tokenized)
+                           training=True, seed=config.train.seed, replicas=update_rows(config, replicas),
+                           tokenized=tokenized)
     return int(batches.reduce(0, lambda count, _: count + 1).numpy())
+
+
+def update_rows(config: RunConfig, replicas: int) -> int:
+    """The multiple of the configured batch one training step reads: `replicas` (a global batch) ×
+    `--accumulate-steps` (the micro-batches of one update, transformer/model/accumulation.py)."""
+    return replicas * config.train.accumulate_steps
 
 
 def epoch_steps(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int = 1,
@@ -97,16 +104,16 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
         pipeline = config.pipeline
         per_replica = (pipeline.max_tokens // max_length if pipeline.kind == "optimized" and pipeline.max_tokens
                        else pipeline.batch_size)
-        batch = max(1, per_replica) * replicas
-
         def batches(pairs, training):
+            batch = max(1, per_replica) * (update_rows(config, replicas) if training else replicas)
             tokenized = tokenize_pairs(pairs, tokenizers, max_length, pipeline.cache if training else "memory")
             return distribute.tpu_batches(tokenized, batch, max_length, training, pipeline.shuffle_buffer,
                                           config.train.seed)
     else:
         def batches(pairs, training):
             return make_batches(pairs, tokenizers, config.pipeline, max_length, training=training,
-                                seed=config.train.seed if training else None, replicas=replicas,
+                                seed=config.train.seed if training else None,
+                                replicas=update_rows(config, replicas) if training else replicas,
                                 tokenized=tokenized if training else None)
 
     train_pairs = corpus.train if strategy_name == "tpu" else corpus.training_pairs  # TPU: one fixed epoch
