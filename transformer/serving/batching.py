@@ -5,9 +5,9 @@
     await batcher.translate(["olá", "bom dia"], timeout_s=30)   # from the event loop
 
 Greedy decoding of a batch runs until its longest sentence ends, every row paying each step,
-so a batch of mixed lengths wastes most of its work: offline, the translator sorts a file by
-length first. The decoding thread does the same with what is waiting (continuous batching of
-queued sentences, not of decoder steps). Each turn it
+so in a batch of mixed lengths the short sentences pay for the long one: offline, the
+translator sorts a file by length first. The decoding thread does the same with what is
+waiting (continuous batching of queued sentences, not of decoder steps). Each turn it
   1. waits for company: until `max_batch` sentences wait or `max_wait_ms` have passed since
      the oldest waiting request arrived or, if later, since the last run was answered (its
      clients' next requests arrive within milliseconds, and join this turn);
