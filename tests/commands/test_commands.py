@@ -32,6 +32,7 @@ ARGV = {
     "compare_reports": ["a.json", "b.json"],
     "tune_decoding": ["--run", "missing"],
     "serve": ["missing"],
+    "benchmark_serving": ["missing"],
 }
 
 CHILD = """

@@ -27,7 +27,7 @@ from transformer.base import cli
 from transformer.inference.export import export_translator, load_exported
 from transformer.inference.translator import DecodeConfig
 from transformer.serving.app import ServeLimits
-from transformer.serving.loadtest import make_requests, run_clients
+from transformer.serving.loadtest import make_requests, run_clients, share
 from transformer.serving.server import BatchingConfig, ServerThread, load_model
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "Jesus chorou.",
@@ -109,8 +109,8 @@ def test_lone_surrogate_translates_as_the_offline_translator_does_with_invalid_b
 
 
 def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(server, offline):
-    plan = make_requests(SENTENCES + EDGE + BAD_INPUTS[:4], clients=16, requests_per_client=10,
-                         max_texts_per_request=4, seed=1)
+    plan = share(make_requests(SENTENCES + EDGE + BAD_INPUTS[:4], requests=160, max_texts_per_request=4, seed=1),
+                 clients=16)
     texts = sorted({t for requests in plan for request in requests for t in request})
     reference = dict(zip(texts, offline.translate(texts)))
     before = dict(server.batcher.stats)
@@ -153,7 +153,11 @@ BAD = [
      "body of .* bytes; at most 1000"),
     ("chunked body too large", "POST", "/v1/translate", iter([b" " * 600, b" " * 600]), {"Transfer-Encoding": "chunked"},
      413, "body over 1000 bytes"),
-    ("bad Content-Length", "POST", "/v1/translate", b"{}", {"Content-Length": "x"}, 400, ""),
+    ("Content-Length not a number", "POST", "/v1/translate", b"{}", {"Content-Length": "abc"}, 400,
+     "invalid HTTP request: .*Content-Length"),
+    ("negative Content-Length", "POST", "/v1/translate", b"{}", {"Content-Length": "-2"}, 400, "invalid HTTP request"),
+    ("bad Content-Length, large body", "POST", "/v1/translate", b"x" * 200_000, {"Content-Length": "1e3"}, 400,
+     "invalid HTTP request"),
     ("unknown route", "GET", "/v2/translate", None, {}, 404, "no route /v2/translate"),
     ("GET on translate", "GET", "/v1/translate", None, {}, 405, "GET is not allowed on /v1/translate"),
     ("POST on health", "POST", "/health", b"{}", {}, 405, "POST is not allowed"),
@@ -170,12 +174,9 @@ def strict_server(model):
 @pytest.mark.parametrize("name, method, path, body, headers, status, message", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_is_a_json_error(strict_server, offline, name, method, path, body, headers, status, message):
     got, response_headers, out = request(strict_server.url, method, path, body, headers)
-    if name == "bad Content-Length":  # refused by the HTTP layer (h11) before the app sees it
-        assert got == 400
-    else:
-        assert got == status, out
-        assert isinstance(out, dict) and set(out) == {"error"}, out
-        assert re.search(message, out["error"]), out
+    assert got == status, out
+    assert isinstance(out, dict) and set(out) == {"error"}, out
+    assert re.search(message, out["error"]), out
     status, _, ok = translate(strict_server.url, ["Deus é amor."])  # still serving
     assert status == 200 and ok["translations"] == offline.translate(["Deus é amor."])
 
@@ -211,7 +212,7 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits_0(export, 
                 url = match.group(1)
                 break
         assert url, "the server never said it was ready"
-        plan = make_requests(SENTENCES, clients=8, requests_per_client=25, max_texts_per_request=3, seed=2)
+        plan = share(make_requests(SENTENCES, requests=200, max_texts_per_request=3, seed=2), clients=8)
         outcome = {}
         loader = threading.Thread(target=lambda: outcome.update(run_clients(url, plan, timeout_s=60)))
         loader.start()
@@ -242,20 +243,25 @@ def test_sigterm_during_load_answers_every_accepted_request_and_exits_0(export, 
         assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
 
 
-def test_benchmark_writes_a_report_of_the_load_test_and_the_offline_baseline(export, tmp_path, capsys):
+def test_benchmark_serving_reports_every_level_against_offline_in_one_run(export, tmp_path, capsys):
     sentences, report = tmp_path / "sentences.pt", tmp_path / "report.json"
     sentences.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
-    assert script_main("serve")([str(export), "--benchmark", str(report), "--clients", "4", "--requests", "3",
-                                 "--sentences", str(sentences), "--max-batch", "8", "--rounds", "2"]) == 0
+    assert script_main("benchmark_serving")([str(export), "--output", str(report), "--concurrency", "1", "4",
+                                             "--requests", "12", "--sentences", str(sentences), "--rounds", "2"]) == 0
     out = json.loads(report.read_text())
-    assert out["requests"] == 24 and out["sentences_per_round"] >= 12 and out["batching"]["max_batch"] == 8
-    assert len(out["per_round"]) == 2 and all(r["server_batches"] >= 1 for r in out["per_round"])
-    server = out["server"]
-    assert server["failed_requests"] == 0 and server["wrong_translations"] == 0 and server["batches"] >= 1
-    assert 0 < server["latency_ms"]["p50"] <= server["latency_ms"]["p95"] <= server["latency_ms"]["max"]
-    assert out["offline"]["batched_sentences_per_s"] > 0 and out["server_vs_offline_batched"] > 0
+    assert out["requests"] == 12 and out["sentences"] >= 12 and out["batching"]["max_batch"] == 8  # the chunk_size
+    assert out["offline"]["chunk_size"] == 8 and len(out["offline"]["per_round"]) == 2
+    assert [level["clients"] for level in out["levels"]] == [1, 4]
+    for level in out["levels"]:
+        assert level["requests"] == 24 and level["failed_requests"] == 0 and level["wrong_translations"] == 0
+        assert len(level["per_round"]) == 2 and level["batches"] >= 1
+        assert level["vs_offline"] == pytest.approx(sorted(level["ratio_per_round"])[0] / 2
+                                                    + sorted(level["ratio_per_round"])[1] / 2)
+        assert 0 < level["latency_ms"]["p50"] <= level["latency_ms"]["p95"] <= level["latency_ms"]["max"]
+    one, four = out["levels"]
+    assert one["mean_batch"] <= 4 and four["batches"] < one["batches"]  # alone, a request is its own batch
     assert out["environment"]["cpu_model"] and len(out["load_average"]) == 3 and out["date"]
-    assert "server/offline" in capsys.readouterr().out
+    assert "x offline" in capsys.readouterr().out
 
 
 def test_the_web_page_in_a_headless_browser(server, offline):

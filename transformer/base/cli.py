@@ -56,7 +56,7 @@ def quiet_tensorflow() -> None:
 
 # modules of transformer/commands/, each with main(argv)
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
-            "benchmark_decoding", "compare_reports", "tune_decoding", "serve")
+            "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving")
 
 
 def command_line(name: str, *args: str) -> list[str]:

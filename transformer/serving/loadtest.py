@@ -1,14 +1,17 @@
-"""Load test: concurrent HTTP clients against the server, compared with offline batched decoding.
+"""Load test: concurrent HTTP clients against the server, compared with offline decoding of the same sentences.
 
-    report = benchmark(model, sentences, clients=16, requests_per_client=10)
+    report = benchmark(model, sentences, concurrency=(1, 4, 16, 64), requests=192)
 
-Each client holds one keep-alive connection and sends its requests one after another (1 to
-`max_texts_per_request` sentences each, drawn with a fixed seed). Each round times, back to
-back: the same sentences offline in batches of the server's `max_batch` (arrival order), the
-clients against the server (sentences/s over the whole run), and the sentences offline in one
-call (the translator sorts them all by length). The report gives the medians over rounds and
-each round's ratios, latency percentiles over every request, failed requests, and responses
-that differ from the offline translation of their own input.
+One list of `requests` requests (1 to `max_texts_per_request` sentences each, drawn with a
+fixed seed) is sent at every concurrency level C: C clients, each holding one keep-alive
+connection, send their share (requests i, i + C, i + 2C, …) one after another. So every level
+translates the same sentences, and one offline figure serves them all: the same model
+translating the same sentences as `transformer-translate --file` does (blocks of 1024 lines,
+each sorted by source length and decoded in chunks of the model's `chunk_size`, which is also
+the server's default `--max-batch`). Each round times the offline run, then every level, back
+to back; the report gives, per level, sentences/s (median over rounds) and its ratio to the
+same round's offline figure, latency percentiles over every request, failed requests, and
+responses that differ from the offline translation of their own input.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import urllib.parse
 from dataclasses import asdict
 from typing import Sequence
 
+from transformer.inference.streaming import translate_blocks
 from transformer.serving.app import ServeLimits
 from transformer.serving.server import BatchingConfig, ServedModel, ServerThread
 
@@ -34,12 +38,16 @@ def post_json(connection: http.client.HTTPConnection, path: str, payload) -> tup
     return response.status, json.loads(response.read() or b"null")
 
 
-def make_requests(sentences: Sequence[str], clients: int, requests_per_client: int, max_texts_per_request: int,
-                  seed: int = 0) -> list[list[list[str]]]:
-    """[client][request] → texts: mixed lengths and sizes, drawn with a fixed seed."""
+def make_requests(sentences: Sequence[str], requests: int, max_texts_per_request: int, seed: int = 0) -> list[list[str]]:
+    """`requests` requests (lists of texts) of 1 to `max_texts_per_request` sentences, drawn with a fixed seed."""
     rng = random.Random(seed)
-    return [[rng.sample(list(sentences), rng.randint(1, max_texts_per_request)) for _ in range(requests_per_client)]
-            for _ in range(clients)]
+    return [rng.sample(list(sentences), rng.randint(1, min(max_texts_per_request, len(sentences))))
+            for _ in range(requests)]
+
+
+def share(requests: list, clients: int) -> list[list]:
+    """[client][request]: client i sends requests i, i + clients, i + 2 * clients, …"""
+    return [requests[i::clients] for i in range(clients)]
 
 
 def run_clients(url: str, plan: list[list[list[str]]], timeout_s: float = 120.0) -> dict:
@@ -84,62 +92,59 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def offline_throughput(model: ServedModel, texts: list[str], batch: int | None, repeats: int = 2) -> tuple[float, list]:
-    """(best sentences/s over `repeats`, translations) of `texts` in batches of `batch` (None: one call)."""
-    best, translations = float("inf"), []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        size = batch or len(texts)
-        translations = [t for i in range(0, len(texts), size) for t in model.translate(texts[i:i + size])]
-        best = min(best, time.perf_counter() - started)
-    return len(texts) / best, translations
+def offline_run(model: ServedModel, texts: list[str]) -> tuple[float, list[str]]:
+    """(sentences/s, translations) of `texts` translated as `transformer-translate --file` does."""
+    started = time.perf_counter()
+    translations = [t for block in translate_blocks(model.translate, texts) for t in block]
+    return len(texts) / (time.perf_counter() - started), translations
 
 
-def benchmark(model: ServedModel, sentences: Sequence[str], clients: int = 16, requests_per_client: int = 10,
-              max_texts_per_request: int = 4, batching: BatchingConfig = BatchingConfig(),
-              limits: ServeLimits = ServeLimits(), rounds: int = 3, seed: int = 0) -> dict:
-    """Runs the load test and the offline baselines, interleaved `rounds` times (a shared machine's
-    load drifts: each round's ratio compares runs minutes apart at most); returns the report."""
-    plan = make_requests(sentences, clients, requests_per_client, max_texts_per_request, seed)
-    texts = [text for requests in plan for request in requests for text in request]
-    model.translate(list(sentences[:batching.max_batch]))  # warm-up outside every timing
-    per_round, flat, stats = [], [], {}
-    reference = None
+def benchmark(model: ServedModel, sentences: Sequence[str], concurrency: Sequence[int] = (1, 4, 16, 64),
+              requests: int = 192, max_texts_per_request: int = 4, batching: BatchingConfig = BatchingConfig(),
+              limits: ServeLimits = ServeLimits(), rounds: int = 1, seed: int = 0) -> dict:
+    """Runs the offline figure and the load test at each level of `concurrency`, `rounds` times
+    (a shared machine's load drifts: each ratio compares runs minutes apart at most); returns the report."""
+    plan = make_requests(sentences, requests, max_texts_per_request, seed)
+    texts = [text for request in plan for text in request]
+    model.translate(texts[:64])  # warm-up outside every timing
+    offline_rates, levels = [], {c: {"rates": [], "ratios": [], "results": [], "batches": 0, "sentences": 0}
+                                 for c in concurrency}
+    reference: dict = {}
     with ServerThread(model, batching, limits) as server:
         for _ in range(rounds):
-            batched_rate, offline = offline_throughput(model, texts, batching.max_batch, repeats=1)
-            reference = reference or dict(zip(texts, offline))
-            before = dict(server.batcher.stats)
-            run = run_clients(server.url, plan)
-            one_call_rate, _ = offline_throughput(model, texts, None, repeats=1)
-            batches = server.batcher.stats["batches"] - before["batches"]
-            served_rate = len(texts) / run["wall_s"]
-            per_round.append({"server_sentences_per_s": served_rate, "offline_batched_sentences_per_s": batched_rate,
-                              "offline_one_call_sentences_per_s": one_call_rate, "server_batches": batches,
-                              "server_vs_offline_batched": served_rate / batched_rate,
-                              "server_vs_offline_one_call": served_rate / one_call_rate})
-            flat += [r for client in run["results"] for r in client]
-        stats = dict(server.batcher.stats)
-    failed = [r for r in flat if r["status"] != 200]
-    wrong = [r for r in flat if r["status"] == 200 and r["body"]["translations"] != [reference[t] for t in r["texts"]]]
-    latencies = [r["latency_s"] * 1000 for r in flat]
+            offline_rate, translations = offline_run(model, texts)
+            reference = reference or dict(zip(texts, translations))
+            offline_rates.append(offline_rate)
+            for clients in concurrency:
+                before = dict(server.batcher.stats)
+                run = run_clients(server.url, share(plan, clients))
+                level, rate = levels[clients], len(texts) / run["wall_s"]
+                level["rates"].append(rate)
+                level["ratios"].append(rate / offline_rate)
+                level["results"] += [r for client in run["results"] for r in client]
+                level["batches"] += server.batcher.stats["batches"] - before["batches"]
+                level["sentences"] += server.batcher.stats["sentences"] - before["sentences"]
 
-    def median(key):
-        return percentile([r[key] for r in per_round], 50)
+    def summary(clients: int, level: dict) -> dict:
+        flat = level["results"]
+        failed = [r for r in flat if r["status"] != 200]
+        wrong = [r for r in flat if r["status"] == 200 and r["body"]["translations"] != [reference[t] for t in r["texts"]]]
+        latencies = [r["latency_s"] * 1000 for r in flat]
+        return {"clients": clients, "sentences_per_s": percentile(level["rates"], 50),
+                "vs_offline": percentile(level["ratios"], 50), "per_round": level["rates"],
+                "ratio_per_round": level["ratios"], "requests": len(flat), "failed_requests": len(failed),
+                "wrong_translations": len(wrong), "batches": level["batches"],
+                "mean_batch": level["sentences"] / max(level["batches"], 1),
+                "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
+                               "p99": percentile(latencies, 99), "max": max(latencies)},
+                "errors": sorted({json.dumps(r["body"])[:200] for r in failed})[:5]}
 
     return {
-        "clients": clients, "requests_per_client": requests_per_client, "rounds": rounds, "requests": len(flat),
-        "sentences_per_round": len(texts), "max_texts_per_request": max_texts_per_request,
-        "batching": asdict(batching), "limits": asdict(limits), "model": model.info,
-        "server": {"sentences_per_s": median("server_sentences_per_s"), "failed_requests": len(failed),
-                   "wrong_translations": len(wrong), "batches": stats["batches"],
-                   "mean_batch": stats["sentences"] / max(stats["batches"], 1),
-                   "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
-                                  "p99": percentile(latencies, 99), "max": max(latencies)},
-                   "errors": sorted({json.dumps(r["body"])[:200] for r in failed})[:5]},
-        "offline": {"batched_sentences_per_s": median("offline_batched_sentences_per_s"), "batch": batching.max_batch,
-                    "one_call_sentences_per_s": median("offline_one_call_sentences_per_s")},
-        "server_vs_offline_batched": median("server_vs_offline_batched"),
-        "server_vs_offline_one_call": median("server_vs_offline_one_call"),
-        "per_round": per_round,
+        "requests": requests, "sentences": len(texts), "max_texts_per_request": max_texts_per_request,
+        "rounds": rounds, "batching": asdict(batching), "limits": asdict(limits), "model": model.info,
+        "offline": {"sentences_per_s": percentile(offline_rates, 50), "per_round": offline_rates,
+                    "chunk_size": model.info.get("decode", {}).get("chunk_size"),
+                    "how": "transformer-translate --file: blocks of 1024 lines, each sorted by source length "
+                           "and decoded in chunks of chunk_size"},
+        "levels": [summary(clients, levels[clients]) for clients in concurrency],
     }

@@ -11,17 +11,20 @@ request already accepted finish (its batch is decoded), then returns: the proces
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transformer.base.config import DecodeConfig
 from transformer.base.errors import InputError
@@ -66,15 +69,28 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """How requests are gathered into decoder calls (see transformer/serving/batching.py)."""
+    """How requests are gathered into decoder calls (see transformer/serving/batching.py).
 
-    max_batch: int = 32
+    max_batch None: the model's `chunk_size`, the batch the offline translator decodes.
+    """
+
+    max_batch: Optional[int] = None
     max_wait_ms: float = 5.0
     max_queue: int = 1024
+
+    def resolve(self, model: ServedModel) -> "BatchingConfig":
+        """This config with `max_batch` set (the model's chunk_size where None)."""
+        if self.max_batch is not None:
+            return self
+        return replace(self, max_batch=int(model.info.get("decode", {}).get("chunk_size") or DEFAULT_MAX_BATCH))
+
+
+DEFAULT_MAX_BATCH = 32  # for an export without a decode config
 
 
 def make_app(model: ServedModel, batching: BatchingConfig = BatchingConfig(), limits: ServeLimits = ServeLimits()):
     """(Starlette app, its DynamicBatcher) for `model`."""
+    batching = batching.resolve(model)
     batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue)
     return build_app(batcher, model.info, limits, warmup=WARMUP), batcher
 
@@ -123,13 +139,43 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+class JsonErrorH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, answering a request it cannot parse (a malformed request line or
+    header, e.g. `Content-Length: abc`) with a JSON 400 like every other error, not plain text.
+
+    It then closes lingering, as web servers do: the sending side first, the connection
+    `LINGER_S` later, discarding what the client still sends meanwhile (its body). Closed at
+    once, the body arriving after the close would make the kernel reset the connection, and a
+    reset can destroy the 400 before the client has read it.
+    """
+
+    LINGER_S = 2.0
+    _discarding = False
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"error": "invalid HTTP request: a malformed request line or header "
+                                    "(e.g. a Content-Length that is not a number)"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self._discarding = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(self.LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._discarding:
+            super().data_received(data)
+
+
 def _config(app, log_level: str) -> uvicorn.Config:
     # log_config=None: uvicorn's loggers go through the program's logging (cli.start), at `log_level`;
     # its own config would bind handlers to the sys.stderr of the moment.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).setLevel(log_level.upper())
     return uvicorn.Config(app, log_config=None, log_level=log_level, access_log=False, lifespan="on",
-                          timeout_graceful_shutdown=None, timeout_keep_alive=5)
+                          http=JsonErrorH11Protocol, timeout_graceful_shutdown=None, timeout_keep_alive=5)
 
 
 def serve(model: ServedModel, sock: socket.socket, batching: BatchingConfig = BatchingConfig(),
@@ -143,7 +189,8 @@ def serve(model: ServedModel, sock: socket.socket, batching: BatchingConfig = Ba
 
     def announce():
         batcher.ready.wait()
-        print(f"ready: {url} (model {model.info.get('name')}; POST /v1/translate, GET /health, GET /v1/model, "
+        print(f"ready: {url} (model {model.info.get('name')}, --max-batch {batcher.max_batch}; POST /v1/translate, "
+              "GET /health, GET /v1/model, "
               "page at /)", file=sys.stderr, flush=True)
 
     threading.Thread(target=announce, daemon=True).start()

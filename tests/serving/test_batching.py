@@ -1,0 +1,66 @@
+"""Dynamic batching without a model: runs of similar length, the oldest sentence first, every
+request answered with its own translations in order (a fake `translate` records the calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer.serving.batching import LENGTH_OFFSET, DynamicBatcher, split_by_length
+
+
+def cost(lengths, ends, overhead):
+    starts = [0] + ends[:-1]
+    return sum((lengths[e - 1] + LENGTH_OFFSET) * (e - s + overhead) for s, e in zip(starts, ends))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=9), st.integers(1, 5), st.sampled_from([0.0, 3.0, 50.0]))
+def test_split_by_length_is_the_cheapest_split_into_runs_of_at_most_max_batch(lengths, max_batch, overhead):
+    lengths = sorted(lengths)
+    ends = split_by_length(lengths, max_batch, overhead)
+    assert ends[-1] == len(lengths) and ends == sorted(set(ends))
+    assert all(e - s <= max_batch for s, e in zip([0] + ends[:-1], ends))
+    inner = range(1, len(lengths))
+    every_split = ([*cuts, len(lengths)] for r in range(len(lengths)) for cuts in itertools.combinations(inner, r))
+    legal = [e for e in every_split if all(b - a <= max_batch for a, b in zip([0] + e[:-1], e))]
+    assert cost(lengths, ends, overhead) <= min(cost(lengths, e, overhead) for e in legal) + 1e-9
+
+
+def test_split_by_length_keeps_a_uniform_batch_whole_and_cuts_off_a_long_tail():
+    assert split_by_length([10] * 8, 8) == [8]
+    assert split_by_length([10] * 7 + [400], 8) == [7, 8]
+
+
+def test_waiting_sentences_are_decoded_in_runs_of_similar_length_and_each_request_gets_its_own():
+    calls, gate = [], threading.Event()
+
+    def translate(texts):
+        gate.wait()
+        calls.append(list(texts))
+        return [t.upper() for t in texts]
+
+    batcher = DynamicBatcher(translate, max_batch=8, max_wait_ms=0).start()
+    batcher.ready.wait()
+
+    async def clients():
+        first = asyncio.ensure_future(batcher.translate(["a" * 5]))  # decoded alone while the others queue
+        await asyncio.sleep(0.05)
+        requests = [["b" * 300, "c" * 3], ["d" * 4, "e" * 290, "f" * 6], ["g" * 5, "h" * 310]]
+        rest = [asyncio.ensure_future(batcher.translate(texts)) for texts in requests]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await first, await asyncio.gather(*rest), requests
+
+    first, answers, requests = asyncio.run(clients())
+    batcher.stop()
+    assert first == ["AAAAA"]
+    assert answers == [[t.upper() for t in texts] for texts in requests]
+    # The queued sentences, sorted by length, split into a short run and a long one; the run
+    # holding the oldest waiting sentence ("b" * 300) goes first.
+    assert calls[0] == ["a" * 5] and calls[1:] == [["b" * 300, "e" * 290, "h" * 310], ["c" * 3, "d" * 4, "f" * 6, "g" * 5]]
+    assert batcher.queued == 0 and batcher.stats["batches"] == 3 and batcher.stats["answered"] == 4
