@@ -25,11 +25,12 @@ def pad_to(ids: np.ndarray, width: int) -> np.ndarray:
     return np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
 
 
+@pytest.mark.parametrize("lean", [True, False])  # growing caches / the model's fixed-size cache
 @pytest.mark.parametrize("seed, head_width", [(0, "tutorial"), (1, "tutorial"), (2, "paper")])
-def test_cached_batched_greedy_equals_uncached_batch_one_greedy(seed, head_width):
+def test_cached_batched_greedy_equals_uncached_batch_one_greedy(seed, head_width, lean):
     model = tiny_model(seed=seed, head_width=head_width)  # input cache / key-value cache
     rows, src = padded_sources()
-    cached = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
+    cached = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS, lean=lean))(src)
     uncached_fn = tf.function(lambda s: decoding.uncached_greedy_decode(model, s, MAX_STEPS), input_signature=SRC_SPEC)
     for i, row in enumerate(rows):
         reference = uncached_fn(tf.constant([row], tf.int32)).numpy()  # the tutorial's loop, batch 1
@@ -94,12 +95,13 @@ def test_forbidden_ids_are_never_generated():
     assert result.ids.numpy().tolist() == [[4, 4, 4]]
 
 
+@pytest.mark.parametrize("lean", [True, False])
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])
-def test_beam_size_one_equals_greedy(head_width):
+def test_beam_size_one_equals_greedy(head_width, lean):
     model = tiny_model(seed=3, head_width=head_width)
     _, src = padded_sources()
-    greedy = decoding.greedy_translate(model, src, MAX_STEPS)
-    beam = tf.function(lambda s: decoding.beam_translate(model, s, 1, MAX_STEPS))(src)
+    greedy = decoding.greedy_translate(model, src, MAX_STEPS, lean=lean)
+    beam = tf.function(lambda s: decoding.beam_translate(model, s, 1, MAX_STEPS, lean=lean))(src)
     np.testing.assert_array_equal(beam.ids.numpy()[:, 0], greedy.ids.numpy())
     np.testing.assert_array_equal(beam.lengths.numpy()[:, 0], greedy.lengths.numpy())
     np.testing.assert_allclose(beam.log_probs.numpy()[:, 0], greedy.log_probs.numpy(), rtol=1e-5, atol=1e-5)
@@ -162,11 +164,13 @@ def test_beam_search_stops_at_max_steps():
 
 
 def test_greedy_compiles_with_xla_and_matches_graph_mode():
+    """The fixed-size cache compiles under XLA and gives the lean (growing-cache) loop's ids."""
     model = tiny_model(seed=5)
     _, src = padded_sources()
     graph = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
-    xla = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS), jit_compile=True)(src)
+    xla = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS, lean=False), jit_compile=True)(src)
     np.testing.assert_array_equal(xla.ids.numpy(), graph.ids.numpy())
+    np.testing.assert_allclose(xla.log_probs.numpy(), graph.log_probs.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_early_stopping_keeps_the_best_hypothesis_and_stops_sooner():

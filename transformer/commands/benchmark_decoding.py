@@ -31,7 +31,8 @@ from transformer.base.constants import SHARED_CORPUS_DIR
 from transformer.base.errors import ConfigError, command
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
-OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "export-bf16-xla")
+OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "export-bf16-xla", "export-beam4",
+        "export-bf16-beam4")
 
 
 @command
@@ -55,7 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ours", nargs="+", choices=OURS, default=["export"],
                         help="our engines with --compare: export (the SavedModel, --xla as given), in-memory "
                              "(the Translator), export-xla / export-no-xla (the SavedModel with XLA on/off), export-bf16 / "
-                             "export-bf16-xla (bfloat16 weights and compute, float32 logits). "
+                             "export-bf16-xla (bfloat16 weights and compute, float32 logits), export-beam4 / export-bf16-beam4 "
+                             "(beam search, 4 beams, --xla as given). "
                              "The first is the reference. Default: export")
     parser.add_argument("--exports", nargs="+", default=[], metavar="DIR",
                         help="with --compare, also time these SavedModels (e.g. exported by another commit of this "
@@ -157,6 +159,18 @@ def _profile(args, argv) -> int:
     return 0
 
 
+def _cold_start(load, first_batch) -> tuple:
+    """(the loaded engine's translate_with_lengths, {"load_s", "first_batch_s", "total_s"}): seconds to
+    load it and to translate `first_batch` (one chunk) right after, the wait of a fresh process."""
+    started = time.perf_counter()
+    engine = load()
+    loaded = time.perf_counter()
+    engine.translate_with_lengths(list(first_batch))
+    done = time.perf_counter()
+    return engine.translate_with_lengths, {"load_s": round(loaded - started, 3), "first_batch_s": round(done - loaded, 3),
+                                           "total_s": round(done - started, 3)}
+
+
 def _compare(args, argv) -> int:
     """--compare ctranslate2: ours vs CTranslate2 on the same weights, interleaved."""
     import dataclasses
@@ -172,43 +186,46 @@ def _compare(args, argv) -> int:
     from transformer.inference.translator import Translator
 
     ctranslate2 = import_ctranslate2()
-    sources, _ = load_split(data_dir=args.data, split=args.split, limit=args.limit)
+    sources, references = load_split(data_dir=args.data, split=args.split, limit=args.limit)
     config = DecodeConfig(chunk_size=args.chunk_size, jit_compile=args.xla)
     translator = translator_from_run(args.run, config, args.checkpoint)
-    engines, described = {}, {}
+    engines, described, cold_start = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="decoding-comparison-") as scratch:
         for name in args.ours:
             if name == "in-memory":
                 engines["ours in-memory"] = translator.translate_with_lengths
                 described["ours in-memory"] = config.to_dict()
                 continue
-            xla = {"export": args.xla, "export-xla": True, "export-no-xla": False, "export-bf16": args.xla,
-                   "export-bf16-xla": True}[name]
-            variant = translator.with_config(jit_compile=xla)
+            xla = name.endswith("-xla") or (args.xla and not name.endswith("-no-xla"))
+            beam = 4 if name.endswith("beam4") else 1
+            variant = translator.with_config(jit_compile=xla, beam_size=beam)
             if "bf16" in name:
                 variant = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), variant.config)
             path = export_translator(variant, Path(scratch) / name)
-            label = f"ours SavedModel{' bfloat16' if 'bf16' in name else ''}{' (XLA)' if xla else ''}"
-            engines[label] = load_exported(path).translate_with_lengths
+            label = (f"ours SavedModel{' bfloat16' if 'bf16' in name else ''}{' beam 4' if beam > 1 else ''}"
+                     f"{' (XLA)' if xla else ''}")
+            engines[label], cold_start[label] = _cold_start(lambda: load_exported(path), sources[:args.chunk_size])
             described[label] = variant.config.to_dict()
         for directory in args.exports:
-            exported = load_exported(directory)
             label = f"SavedModel {directory}"
-            engines[label] = exported.translate_with_lengths
-            described[label] = exported.manifest.get("decode", {})
+            engines[label], cold_start[label] = _cold_start(lambda: load_exported(directory), sources[:args.chunk_size])
+            described[label] = engines[label].__self__.manifest.get("decode", {})
         ct2_path = export_ctranslate2(translator.model, Path(args.run) / TOKENIZER_DIR, Path(scratch) / "ct2",
                                       config=config)
         for compute_type in args.ct2_compute_types:
-            ct2 = CTranslate2Translator(ct2_path, compute_type=compute_type, intra_threads=args.threads,
-                                        batch_size=args.chunk_size, tokenizers=translator.tokenizers)
             label = f"CTranslate2 {compute_type}"
-            engines[label] = ct2.translate_with_lengths
+            engines[label], cold_start[label] = _cold_start(
+                lambda: CTranslate2Translator(ct2_path, compute_type=compute_type, intra_threads=args.threads,
+                                              batch_size=args.chunk_size, tokenizers=translator.tokenizers),
+                sources[:args.chunk_size])
             described[label] = {"compute_type": compute_type, "intra_threads": args.threads,
                                 "max_batch_size": args.chunk_size, **dataclasses.asdict(config)}
         started = time.perf_counter()
-        report = compare_engines(engines, sources, repeats=args.repeats)
+        report = compare_engines(engines, sources, repeats=args.repeats, references=references)
     for name, description in described.items():
         report["engines"][name]["settings"] = description
+        if name in cold_start:  # engines loaded here (not the in-memory Translator)
+            report["engines"][name]["cold_start"] = cold_start[name]
     report.update(_provenance(args, argv, tf, started))
     report.update({"ctranslate2": ctranslate2.__version__, "table": comparison_table(report)})
     output = Path(args.output) if args.output else Path(args.run) / "decoding_comparison.json"

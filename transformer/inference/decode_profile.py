@@ -6,13 +6,15 @@ Each part is timed on its own, in its own `tf.function`, on the very chunks the 
 decodes (sentences sorted by length, `chunk_size` per chunk, padded as it pads them):
 
     tokenize       strings → source ids (sanitise, WordPiece, truncate), all sentences at once
-    encoder        encoder + the cross-attention keys/values (`encode`, `init_cache`), per chunk
+    encoder        encoder + the cross-attention keys/values (`encode`, `StepDecoder.start`), per chunk
     decode_loop    the whole greedy loop of a chunk (`Translator._decode_ids`, encoder included)
-    step           one decoder step `[chunk, 1]` with the cache (all decoder layers, the
-                   self-attention cache update and the float32 projection), called alone
+    step           one decoder step `[chunk]` (`StepDecoder.step`: all decoder layers, the
+                   self-attention cache update and the float32 projection) at the middle
+                   step of the chunk (its cache half filled), called alone
     projection     the output projection + forbidden-token mask + argmax + log-softmax of one
                    step, on `[chunk, d_model]` (part of `step`)
-    cache_update   writing one position into every layer's self-attention cache (part of `step`)
+    cache_update   appending one position to every layer's self-attention keys and values
+                   (part of `step`)
     detokenize     generated ids → strings, all sentences at once
 
 Derived: `decoder_steps` = Σ chunks `step` × steps the loop ran (the longest output of the
@@ -32,7 +34,7 @@ import tensorflow as tf
 
 from transformer.base.constants import START_ID
 from transformer.inference import decoding
-from transformer.model.layers import write_positions
+from transformer.model.step_decoder import StepDecoder
 
 
 def _checksum(outputs) -> tf.Tensor:
@@ -84,16 +86,17 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     if translator.config.beam_size != 1 or translator.config.jit_compile:
         raise ValueError("the breakdown times greedy decoding without XLA (beam_size 1, jit_compile False)")
     model = translator.model
+    decoder = StepDecoder(model)
     text = tf.constant(list(sentences))
     tokenize = _timed(lambda: translator.source_ids(text)[0].flat_values)
     seconds = {"tokenize": _best_time(tokenize, repeats)}
-    encode = tf.function(lambda src: _encode(model, src, translator))
-    encoder = _timed(lambda src: _encode(model, src, translator))
+    encode = tf.function(lambda src, filled: _encode(model, decoder, src, filled))
+    encoder = _timed(lambda src: _encode(model, decoder, src, 0))
     decode = tf.function(translator._decode_ids_impl)
     loop = _timed(translator._decode_ids_impl)
-    step = _timed(lambda ids, index, src_mask, cache: model.decode_step(ids, index, src_mask, cache)[:2])
+    step = _timed(lambda ids, index, context, cache: decoder.step(context, ids, index, cache)[:2])
     projection = _timed(lambda x: _project(model, x))
-    cache_update = _timed(lambda caches, x, index: [_write_position(c, x, index) for c in caches])
+    cache_update = _timed(lambda cache, row: [(tf.concat([k, row], 2), tf.concat([v, row], 2)) for k, v in cache])
     parts = {"encoder": 0.0, "decode_loop": 0.0, "step": 0.0, "projection": 0.0, "cache_update": 0.0}
     steps_total, generated = 0, []
     for src in translator_chunks(translator, sentences):
@@ -102,16 +105,16 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
         steps = int(tf.reduce_max(lengths))
         steps_total += steps
         generated.append((ids, lengths))
-        cache, src_mask = encode(src)
-        start = tf.fill([batch, 1], tf.constant(START_ID, tf.int32))
         middle = tf.constant(steps // 2, tf.int32)
+        context, cache = encode(src, middle)  # the cache filled up to the middle step
+        start = tf.fill([batch], tf.constant(START_ID, tf.int32))
         x = tf.random.normal([batch, 1, model.config.d_model])
-        new_rows = _cache_rows(cache, batch)
+        new_row = tf.zeros_like(cache[0][0][:, :, :1])  # [B, heads, 1, key_dim]
         parts["encoder"] += _best_time(lambda: encoder(src), repeats)
         parts["decode_loop"] += _best_time(lambda: loop(src), repeats)
-        parts["step"] += steps * _best_time(lambda: step(start, middle, src_mask, cache), repeats)
+        parts["step"] += steps * _best_time(lambda: step(start, middle, context, cache), repeats)
         parts["projection"] += steps * _best_time(lambda: projection(x), repeats)
-        parts["cache_update"] += steps * _best_time(lambda: cache_update(cache["self"], new_rows, middle), repeats)
+        parts["cache_update"] += steps * _best_time(lambda: cache_update(cache, new_row), repeats)
     width = max(int(ids.shape[1]) for ids, _ in generated)
     all_ids = tf.concat([tf.pad(ids, [[0, 0], [0, width - int(ids.shape[1])]]) for ids, _ in generated], 0)
     detokenize = _timed(lambda ids: tf.strings.length(translator.detokenize(ids)))
@@ -137,32 +140,18 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     }
 
 
-def _encode(model, src, translator):
+def _encode(model, decoder: StepDecoder, src, filled):
+    """(context, cache with `filled` positions) of `decoder` for the chunk `src`."""
     memory, src_mask = model.encode(src, training=False)
-    max_steps = translator._max_steps(tf.shape(src)[1])
-    return model.init_cache(memory, src_mask, decoding.cache_length(model, max_steps)), src_mask
+    context, cache = decoder.start(memory, src_mask)
+    padding = [[0, 0], [0, 0], [0, filled], [0, 0]]
+    return context, [(tf.pad(k, padding), tf.pad(v, padding)) for k, v in cache]
 
 
 def _project(model, x):
     logits = decoding._mask_forbidden(model.logits(x)[:, 0, :], decoding.DEFAULT_FORBIDDEN_IDS)
     next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
     return next_ids, tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)
-
-
-def _write_position(cache, row, index):
-    """What `CachedMultiHeadAttention` does to a self-attention cache each step."""
-    if cache.shape.rank == 3:  # attended inputs [B, L, d]
-        return write_positions(cache, row, index)
-    cache = write_positions(cache, tf.stack([row, row], axis=1), index, axis=2)  # keys/values [B, 2, L, heads, key_dim]
-    return cache[:, 0], cache[:, 1]
-
-
-def _cache_rows(cache, batch):
-    """One new position for a self-attention cache: `[batch, 1, …]` (the cache without its length)."""
-    shape = cache["self"][0].shape.as_list()
-    if len(shape) == 5:  # [B, 2, L, heads, key_dim] → a key (or value) row [B, 1, heads, key_dim]
-        return tf.zeros([batch, 1] + shape[3:], cache["self"][0].dtype)
-    return tf.zeros([batch, 1] + shape[2:], cache["self"][0].dtype)
 
 
 def format_breakdown(breakdown: dict) -> str:

@@ -15,15 +15,17 @@ Anything that is the same for every hypothesis of a sentence (encoder memory, so
 cross-attention keys/values) is *not* state: the callback closes over it. For beam search it
 is tiled `beam_size` times once, before the loop, and never reordered.
 
-`model_step_fn` builds the callback from the model's cache API (`Transformer.encode`,
-`init_cache`, `decode_step`); `greedy_translate` / `beam_translate` do the whole thing for
-a batch of source ids. `uncached_greedy_decode` is the TF tutorial's Translator design (the
+`step_decoder_fn` builds the callback from `transformer.model.step_decoder.StepDecoder`
+(the default: caches grown by one position per step, few ops; not for XLA) and
+`model_step_fn` from the model's fixed-size cache API (`Transformer.encode`, `init_cache`,
+`decode_step`; static shapes, for XLA); `greedy_translate` / `beam_translate` do the whole
+thing for a batch of source ids. `uncached_greedy_decode` is the TF tutorial's Translator design (the
 full model re-run on the whole prefix every step), kept as the speed baseline and as the
 reference that cached decoding must reproduce token for token.
 
-Shapes are static inside the loops: generated ids live in a `[batch, max_steps]` buffer and
-the self-attention cache has a fixed length, so one graph serves every step (and XLA can
-compile it). Generated ids never include [START]; after [END] a row holds [PAD].
+Generated ids live in a `[batch, max_steps]` buffer; with the fixed-size cache every shape
+is static inside the loops (XLA can compile them), a growing cache is declared to the loop
+by its shape invariants. Generated ids never include [START]; after [END] a row holds [PAD].
 
 Size: over ~350 lines on purpose: greedy, beam search and the uncached reference loop share
 the step-callback contract above; splitting them would separate a strategy from its reference.
@@ -36,6 +38,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import tensorflow as tf
 
 from transformer.base.constants import END_ID, PAD_ID, START_ID
+from transformer.model.step_decoder import StepDecoder
 
 NEG_INF = -1e9
 DEFAULT_FORBIDDEN_IDS = (PAD_ID, START_ID)  # never generated: PAD is masked as a key, START only opens
@@ -114,6 +117,19 @@ def _write_column(buffer: tf.Tensor, column: tf.Tensor, index) -> tf.Tensor:
     return tf.where(at, column[..., tf.newaxis], buffer)
 
 
+def _shape_invariants(loop_vars: tuple, state_index: int, state_invariants):
+    """`tf.while_loop` shape invariants: every loop variable's own shape, `state_invariants` for
+    the state at `state_index`; None (no invariants) when `state_invariants` is None."""
+    if state_invariants is None:
+        return None
+
+    def shape(x):
+        return tf.TensorShape(None) if isinstance(x, tf.TensorArray) else tf.convert_to_tensor(x).shape
+
+    return tuple(state_invariants if i == state_index else tf.nest.map_structure(shape, v)
+                 for i, v in enumerate(loop_vars))
+
+
 # ---- greedy ----------------------------------------------------------------------------
 def greedy_decode(
     symbols_to_logits_fn: StepFn,
@@ -125,6 +141,7 @@ def greedy_decode(
     max_lengths: Optional[tf.Tensor] = None,
     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
     return_attention: bool = False,
+    state_shape_invariants=None,
 ) -> GreedyResult:
     """Batched greedy decoding in one `tf.while_loop` over a fixed-size state.
 
@@ -138,6 +155,8 @@ def greedy_decode(
             (bounds decoding by source length).
         forbidden_ids: token ids never generated. Defaults to [PAD], [START].
         return_attention: bool. Collect the callback's attention output every step.
+        state_shape_invariants: `tf.while_loop` shape invariants of `state` when its shape
+            changes between steps (a growing cache), else None.
 
     Returns:
         `GreedyResult`. The loop stops when every row is finished or after `max_steps`.
@@ -180,7 +199,8 @@ def greedy_decode(
 
     loop_vars = (tf.constant(0), start_ids, ids, finished, lengths, log_probs, state, attention)
     _, _, ids, _, lengths, log_probs, _, attention = tf.while_loop(
-        cond, body, loop_vars, maximum_iterations=max_steps)
+        cond, body, loop_vars, maximum_iterations=max_steps,
+        shape_invariants=_shape_invariants(loop_vars, 6, state_shape_invariants))
     if not return_attention:
         attention = None
     else:
@@ -222,6 +242,7 @@ def beam_search(
     max_lengths: Optional[tf.Tensor] = None,
     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
     early_stop: bool = True,
+    state_shape_invariants=None,
 ) -> BeamResult:
     """Beam search with the GNMT length penalty, in one `tf.while_loop`, batched over
     sentences × beams.
@@ -254,6 +275,7 @@ def beam_search(
             Defaults to 0.6.
         end_id, max_lengths ([batch]), forbidden_ids: as in `greedy_decode`.
         early_stop: bool. Stop a sentence once its best hypothesis is final (see above).
+        state_shape_invariants: as in `greedy_decode`.
 
     Returns:
         `BeamResult`, hypotheses sorted best first.
@@ -313,7 +335,8 @@ def beam_search(
 
     loop_vars = (tf.constant(0), inputs, ids, log_probs, scores, finished, lengths, stopped, state)
     _, _, ids, log_probs, scores, _, lengths, _, _ = tf.while_loop(
-        cond, body, loop_vars, maximum_iterations=max_steps)
+        cond, body, loop_vars, maximum_iterations=max_steps,
+        shape_invariants=_shape_invariants(loop_vars, 8, state_shape_invariants))
     return BeamResult(ids, scores, log_probs, lengths)
 
 
@@ -323,39 +346,63 @@ def cache_length(model, max_steps) -> tf.Tensor:
     return tf.minimum(max_steps, model.config.max_length)
 
 
+def step_decoder_fn(decoder: StepDecoder, context: dict) -> StepFn:
+    """`symbols_to_logits_fn` for a `transformer.model.step_decoder.StepDecoder`: the state is its
+    growing cache (per layer (keys, values) `[batch, heads, step, key_dim]`), `context` (from
+    `decoder.start`, tiled for beam search) is closed over."""
+
+    def symbols_to_logits(ids, step, cache):
+        return decoder.step(context, ids, step, cache)  # [B, V] float32, cache, [B, heads, S]
+
+    return symbols_to_logits
+
+
+def _start(model, src_ids, max_steps, beam_size: int, lean: bool):
+    """Encoder once, then (step callback, initial state, state shape invariants) for
+    `beam_size` hypotheses per row (rows tiled in place when beam_size > 1)."""
+    memory, src_mask = model.encode(src_ids, training=False)
+    tile = (lambda x: tile_beams(x, beam_size)) if beam_size > 1 else (lambda x: x)
+    if lean:
+        decoder = StepDecoder(model)
+        context, cache = decoder.start(memory, src_mask)
+        context = {**context, "cross": tf.nest.map_structure(tile, context["cross"]), "bias": tile(context["bias"])}
+        cache = tf.nest.map_structure(tile, cache)
+        return step_decoder_fn(decoder, context), cache, decoder.cache_shape_invariants(cache)
+    cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
+    tiled = {}  # layers may share one cross cache tensor (the memory itself): tile it once
+    cross = [tiled.setdefault(id(c), tile(c)) for c in cache["cross"]]  # [B*K, ...]
+    return model_step_fn(model, tile(src_mask), cross), [tile(c) for c in cache["self"]], None
+
+
 def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, return_attention: bool = False,
-                     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS) -> GreedyResult:
+                     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS, lean: bool = True) -> GreedyResult:
     """Cached greedy decoding of `src_ids [batch, src_len]` (pad 0): encoder once, one token per step.
 
     `max_steps` must be ≤ `model.config.max_length` (positions 0 … max_steps-1 are fed).
     With `return_attention`, `attention` is the last decoder layer's cross-attention
-    `[batch, max_steps, heads, src_len]`.
+    `[batch, max_steps, heads, src_len]`. `lean` (default): the steps of
+    `transformer.model.step_decoder.StepDecoder` (growing caches; not for XLA); False: the
+    model's `decode_step` with its fixed-size cache (static shapes, for XLA).
     """
-    memory, src_mask = model.encode(src_ids, training=False)
-    cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
-    step_fn = model_step_fn(model, src_mask, cache["cross"])
+    step_fn, state, invariants = _start(model, src_ids, max_steps, 1, lean)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
-    return greedy_decode(step_fn, start, cache["self"], max_steps, max_lengths=max_lengths,
-                         forbidden_ids=forbidden_ids, return_attention=return_attention)
+    return greedy_decode(step_fn, start, state, max_steps, max_lengths=max_lengths, forbidden_ids=forbidden_ids,
+                         return_attention=return_attention, state_shape_invariants=invariants)
 
 
 def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alpha: float = 0.6,
-                   max_lengths=None, forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS) -> BeamResult:
-    """Beam search for `src_ids [batch, src_len]`.
+                   max_lengths=None, forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
+                   lean: bool = True) -> BeamResult:
+    """Beam search for `src_ids [batch, src_len]`; `lean` as in `greedy_translate`.
 
     The encoder runs once on `batch` rows; its mask and the cross-attention keys/values are
     tiled `beam_size` times here, once, and never reordered. Only the self-attention cache
     (the state) follows the beam parents.
     """
-    memory, src_mask = model.encode(src_ids, training=False)
-    cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
-    tiled = {}  # layers may share one cross cache tensor (the memory itself): tile it once
-    cross = [tiled.setdefault(id(c), tile_beams(c, beam_size)) for c in cache["cross"]]  # [B*K, ...]
-    self_cache = [tile_beams(c, beam_size) for c in cache["self"]]  # zeros
-    step_fn = model_step_fn(model, tile_beams(src_mask, beam_size), cross)
+    step_fn, state, invariants = _start(model, src_ids, max_steps, beam_size, lean)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
-    return beam_search(step_fn, start, self_cache, beam_size, max_steps, alpha=alpha,
-                       max_lengths=max_lengths, forbidden_ids=forbidden_ids)
+    return beam_search(step_fn, start, state, beam_size, max_steps, alpha=alpha, max_lengths=max_lengths,
+                       forbidden_ids=forbidden_ids, state_shape_invariants=invariants)
 
 
 def uncached_greedy_decode(model, src_ids: tf.Tensor, max_steps, *, end_id: int = END_ID,

@@ -198,7 +198,8 @@ def benchmark_decoding(translator, sources: Sequence[str], references: Optional[
 
 
 # ---- side-by-side decoding speed: several engines, interleaved, one process ------------------
-def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3) -> dict:
+def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3,
+                    references: Optional[Sequence[str]] = None) -> dict:
     """Times several `TranslateFn`s on the same sentences, interleaved, and compares their outputs.
 
     Args:
@@ -209,11 +210,13 @@ def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3) 
         repeats: timed passes per engine, after one warm-up (cold) pass each. Pass r of
             every engine runs before pass r + 1 of any, so a change of machine load hits
             all engines alike.
+        references: optional reference translations: each engine's corpus BLEU is added.
 
     Returns:
         A JSON-ready dict: `engines` (name → cold pass, best and median warm pass: seconds,
         sentences/s, generated tokens/s; `ratio` = its best sentences/s ÷ the reference's;
-        `identical` = sentences whose translation equals the reference's) and `reference`.
+        `identical` = sentences whose translation equals the reference's; `bleu` with
+        `references`) and `reference`.
     """
     if not engines:
         raise ValueError("no engine to compare")
@@ -239,6 +242,8 @@ def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3) 
             "warm_pass_seconds": [round(s, 3) for s in warm[name]],
             "identical": same,
         }
+        if references is not None:
+            results[name]["bleu"] = score(outputs[name], references)["bleu"]
     base = results[reference]["best"]["sentences_per_s"]
     for name, result in results.items():
         result["ratio"] = round(result["best"]["sentences_per_s"] / base, 2)
@@ -250,10 +255,11 @@ def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3) 
 
 def comparison_table(comparison: dict) -> str:
     """Markdown table of `compare_engines`' result."""
-    lines = ["| engine | sentences/s (best) | median | generated tokens/s | ratio | outputs identical |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| engine | sentences/s (best) | median | generated tokens/s | ratio | outputs identical | BLEU |",
+             "|---|---|---|---|---|---|---|"]
     n = comparison["num_sentences"]
     for name, r in comparison["engines"].items():
+        bleu = f"{r['bleu']:.2f}" if "bleu" in r else "—"
         lines.append(f"| {name} | {r['best']['sentences_per_s']:.1f} | {r['median']['sentences_per_s']:.1f} | "
-                     f"{r['best']['tokens_per_s'] or 0:,.0f} | {r['ratio']:.2f}× | {r['identical']}/{n} |")
+                     f"{r['best']['tokens_per_s'] or 0:,.0f} | {r['ratio']:.2f}× | {r['identical']}/{n} | {bleu} |")
     return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""The lean one-token step (transformer/model/step_decoder.py) computes the model's function:
+its logits equal the full teacher-forced pass at every real position, for every architecture
+knob that changes the decoder (head width, norm position, tied projection) and in bfloat16."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers_model import TINY_MODEL, build, random_ids
+
+from transformer.base.constants import PAD_ID
+from transformer.model.step_decoder import StepDecoder
+from transformer.model.transformer import Transformer
+
+
+def step_logits(model, src, tgt):
+    """Logits `[B, T, V]` and last-layer cross-attention `[B, T, heads, S]` from StepDecoder, one token at a time."""
+    decoder = StepDecoder(model)
+    memory, src_mask = model.encode(src)
+    context, cache = decoder.start(memory, src_mask)
+    logits, scores = [], []
+    for index in range(tgt.shape[1]):
+        step_logits, cache, step_scores = decoder.step(context, tf.constant(tgt[:, index]), tf.constant(index), cache)
+        assert all(k.shape[2] == index + 1 and v.shape[2] == index + 1 for k, v in cache)  # filled positions only
+        logits.append(step_logits.numpy())
+        scores.append(step_scores.numpy())
+    return np.stack(logits, axis=1), np.stack(scores, axis=1)
+
+
+@pytest.mark.parametrize("changes", [
+    {},  # tutorial head width (key_dim = d_model)
+    {"head_width": "paper"},
+    {"head_width": "paper", "layer_norm": "pre"},
+    {"head_width": "paper", "tie_embeddings": "output"},
+])
+def test_step_logits_equal_the_full_pass(changes):
+    config = dataclasses.replace(TINY_MODEL, **changes)
+    model = build(config, seed=7)
+    src, tgt = random_ids(config)
+    full, full_scores = model.decode(tf.constant(tgt), *model.encode(src))
+    logits, scores = step_logits(model, src, tgt)
+    real = tgt != PAD_ID  # pads only at the end: every real position precedes them
+    assert logits.dtype == np.float32
+    np.testing.assert_allclose(logits[real], full.numpy()[real], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(scores[real], np.transpose(full_scores.numpy(), [0, 2, 1, 3])[real], atol=1e-6, rtol=0)
+
+
+def test_bfloat16_step_stays_close_and_returns_float32_logits():
+    config = dataclasses.replace(TINY_MODEL, head_width="paper")
+    model = build(config, seed=8)
+    copy = Transformer.from_model_config(config, dtype="bfloat16")
+    copy.build()
+    for weight, value in zip(copy.weights, model.weights):
+        weight.assign(tf.cast(value, weight.dtype))
+    src, tgt = random_ids(config)
+    full = model.decode(tf.constant(tgt), *model.encode(src))[0].numpy()
+    logits, _ = step_logits(copy, src, tgt)
+    real = tgt != PAD_ID
+    assert logits.dtype == np.float32
+    scale = np.abs(full[real]).max()
+    assert np.abs(logits[real] - full[real]).max() < 0.05 * scale  # bfloat16 rounding, not another function
+    keras.backend.clear_session()

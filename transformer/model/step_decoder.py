@@ -1,0 +1,197 @@
+"""The decoder's one-token inference step, lean: few ops, caches that hold only filled positions.
+
+    decoder = StepDecoder(model)
+    context, cache = decoder.start(memory, src_mask)          # once per batch
+    logits, cache, cross_scores = decoder.step(context, ids, index, cache)   # once per token
+
+Same function as `Transformer.decode_step` for one new token per row (inference: no
+dropout), computed from the same variables with fewer and cheaper ops, because on a CPU
+without XLA a decoding step is a few hundred small kernels and their count and memory traffic
+cost more than the arithmetic:
+  - the self-attention cache of a layer is `(keys, values)`, each `[batch, heads, filled,
+    key_dim]`, heads first (no transposes per step) and *grown* by one position per step: a
+    step attends over the filled positions only, needs no causal mask, and copies
+    `filled` positions instead of rewriting a fixed `[batch, 2, max_length, …]` cache;
+  - queries, keys and values of the new token come from one `[d_model, 3·heads·key_dim]`
+    matmul on `[batch, d_model]` rows;
+  - cross-attention keys/values `[batch, heads, src_len, key_dim]` and the source-padding bias
+    are computed once in `start`; every projection is a plain 2-D matmul.
+Numerics follow the model's: weights and matmuls in its compute dtype (bfloat16 for a
+`cast_model` copy), attention logits, softmax, layer norms and the output projection in
+float32, logits float32. The caches' growing length makes the step unfit for XLA, which needs
+static shapes: the XLA decode loop uses `Transformer.decode_step` (fixed-size cache).
+`tests/model/test_step_decoder.py` checks it against `decode_step` and the full pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from transformer.model.layers import NEG_INF
+
+
+def _read(variable, dtype) -> tf.Tensor:
+    """A variable's value in `dtype`."""
+    return tf.cast(tf.convert_to_tensor(variable), dtype)
+
+
+def _norm(x, layer) -> tf.Tensor:
+    """The layer's LayerNorm (last axis) in float32, returned in x's dtype."""
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, [-1], keepdims=True)
+    gamma, beta = tf.cast(layer.gamma, tf.float32), tf.cast(layer.beta, tf.float32)
+    return tf.cast(tf.nn.batch_normalization(x32, mean, variance, beta, gamma, layer.epsilon), x.dtype)
+
+
+class StepDecoder:
+    """One-token decoding steps of a `transformer.model.transformer.Transformer` (see module docstring).
+
+    Args:
+        model: the built Transformer; its variables are read at every `start` (so a changed
+            weight is seen) and never copied into this object.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        config = model.config
+        self.heads, self.key_dim, self.d_model = config.num_heads, config.key_dim, config.d_model
+        self.dtype = tf.as_dtype(model.compute_dtype)
+
+    # ---- per batch ---------------------------------------------------------------------
+    def start(self, memory, src_mask):
+        """The step's constants and an empty cache for a batch.
+
+        Args:
+            memory: encoder output `[batch, src_len, d_model]`.
+            src_mask: bool `[batch, src_len]`, True at real source tokens.
+
+        Returns:
+            (context, cache). context: dict with "weights" (per decoder layer, shared by every
+            row), "cross" (per layer (keys, values) `[batch, heads, src_len, key_dim]`) and
+            "bias" (float32 `[batch, 1, 1, src_len]`: 0 or NEG_INF); the rows' parts ("cross",
+            "bias") are what beam search tiles. cache: per layer (keys, values) `[batch,
+            heads, 0, key_dim]`.
+        """
+        batch = tf.shape(memory)[0]
+        weights = [self._layer_weights(layer) for layer in self.model.decoder_layers]
+        memory = tf.cast(memory, self.dtype)
+        cross = []
+        for layer, w in zip(self.model.decoder_layers, weights):
+            keys = self._split_heads(self._dense(memory, w["cross_k"], w["cross_k_bias"]))  # [B, N, S, H]
+            values = self._split_heads(self._dense(memory, w["cross_v"], w["cross_v_bias"]))
+            cross.append((keys, values))
+        bias = tf.where(src_mask, 0.0, NEG_INF)[:, tf.newaxis, tf.newaxis, :]  # [B, 1, 1, S] float32
+        empty = tf.zeros([batch, self.heads, 0, self.key_dim], self.dtype)
+        context = {"weights": weights, "cross": cross, "bias": bias, "output": self._output_weights()}
+        return context, [(empty, empty) for _ in weights]
+
+    def cache_shape_invariants(self, cache) -> list:
+        """`tf.while_loop` shape invariants of a cache: batch and filled length vary."""
+        shape = tf.TensorShape([None, self.heads, None, self.key_dim])
+        return [(shape, shape) for _ in cache]
+
+    # ---- per token ---------------------------------------------------------------------
+    def step(self, context, ids, index, cache):
+        """Decodes one token per row.
+
+        Args:
+            context: from `start` (rows tiled alike when the batch is tiled).
+            ids: int `[batch]`, the tokens at position `index`.
+            index: int32 scalar, their position (= the cache's filled length).
+            cache: per layer (keys, values) `[batch, heads, index, key_dim]`.
+
+        Returns:
+            (logits `[batch, vocab]` float32, cache with `index + 1` positions, last layer's
+            cross-attention `[batch, heads, src_len]` float32).
+        """
+        embedding = self.model.tgt_embedding
+        x = tf.cast(tf.gather(embedding.embedding.embeddings, ids), self.dtype)  # [B, d]
+        x = x * tf.cast(math.sqrt(self.d_model), self.dtype)
+        x = x + tf.cast(tf.gather(tf.constant(embedding._table), index), self.dtype)
+        new_cache, scores = [], None
+        for layer, w, (cross_k, cross_v), (keys, values) in zip(
+                self.model.decoder_layers, context["weights"], context["cross"], cache):
+            h = _norm(x, layer.self_attention_norm) if layer.pre_norm else x
+            query, key, value = tf.split(self._dense(h, w["qkv"], w["qkv_bias"]), 3, axis=-1)  # [B, N·H] each
+            query = query * w["scale"]
+            keys = tf.concat([keys, self._split_heads(key[:, tf.newaxis])], axis=2)  # [B, N, T+1, H]
+            values = tf.concat([values, self._split_heads(value[:, tf.newaxis])], axis=2)
+            attended, _ = self._attend(query, keys, values, None)
+            x = self._residual(layer, layer.self_attention_norm, x, self._dense(attended, w["self_o"], w["self_o_bias"]))
+            h = _norm(x, layer.cross_attention_norm) if layer.pre_norm else x
+            query = self._dense(h, w["cross_q"], w["cross_q_bias"]) * w["scale"]
+            attended, scores = self._attend(query, cross_k, cross_v, context["bias"])
+            x = self._residual(layer, layer.cross_attention_norm, x,
+                               self._dense(attended, w["cross_o"], w["cross_o_bias"]))
+            h = _norm(x, layer.ffn_norm) if layer.pre_norm else x
+            inner = tf.nn.relu(self._dense(h, w["ffn_inner"], w["ffn_inner_bias"]))
+            x = self._residual(layer, layer.ffn_norm, x, self._dense(inner, w["ffn_outer"], w["ffn_outer_bias"]))
+            new_cache.append((keys, values))
+        if self.model.decoder_norm is not None:
+            x = _norm(x, self.model.decoder_norm)
+        matrix, bias = context["output"]
+        logits = tf.matmul(tf.cast(x, tf.float32), matrix) + bias  # [B, V] float32
+        return logits, new_cache, scores[:, :, 0, :]
+
+    # ---- pieces --------------------------------------------------------------------------
+    def _split_heads(self, x):
+        """`[B, T, N·H]` → `[B, N, T, H]`."""
+        shape = tf.shape(x)
+        return tf.transpose(tf.reshape(x, [shape[0], shape[1], self.heads, self.key_dim]), [0, 2, 1, 3])
+
+    def _dense(self, x, kernel, bias):
+        return tf.matmul(x, kernel) + bias if x.shape.rank == 2 else tf.einsum("btd,de->bte", x, kernel) + bias
+
+    def _attend(self, query, keys, values, bias):
+        """query `[B, N·H]` (scaled), keys/values `[B, N, T, H]` → (`[B, N·H]`, scores `[B, N, 1, T]` float32)."""
+        query = tf.reshape(query, [-1, self.heads, 1, self.key_dim])
+        logits = tf.cast(tf.matmul(query, keys, transpose_b=True), tf.float32)  # [B, N, 1, T]
+        if bias is not None:
+            logits += bias
+        scores = tf.nn.softmax(logits)
+        attended = tf.matmul(tf.cast(scores, self.dtype), values)  # [B, N, 1, H]
+        return tf.reshape(attended, [-1, self.heads * self.key_dim]), scores
+
+    @staticmethod
+    def _residual(layer, norm, x, update):
+        return x + update if layer.pre_norm else _norm(x + update, norm)
+
+    def _layer_weights(self, layer) -> dict:
+        """A decoder layer's variables as 2-D matrices in the compute dtype, and the query scale."""
+        d, width, dtype = self.d_model, self.heads * self.key_dim, self.dtype
+        scale = 1.0 / math.sqrt(float(self.key_dim))  # CachedMultiHeadAttention._inverse_sqrt_key_dim
+
+        def kernel(dense, rows):
+            return tf.reshape(_read(dense.kernel, dtype), [rows, -1])
+
+        def bias(dense, size):
+            return _read(dense.bias, dtype) if dense.bias is not None else tf.zeros([size], dtype)
+
+        def flat_bias(dense):
+            return tf.reshape(bias(dense, width), [-1])
+
+        mine, cross = layer.self_attention, layer.cross_attention
+        scale = tf.cast(scale, dtype)
+        return {
+            "scale": scale,
+            "qkv": tf.concat([kernel(mine._query_dense, d), kernel(mine._key_dense, d),
+                              kernel(mine._value_dense, d)], axis=1),  # [d, 3·N·H]
+            "qkv_bias": tf.concat([flat_bias(mine._query_dense), flat_bias(mine._key_dense),
+                                   flat_bias(mine._value_dense)], axis=0),
+            "self_o": kernel(mine._output_dense, width), "self_o_bias": bias(mine._output_dense, d),
+            "cross_q": kernel(cross._query_dense, d), "cross_q_bias": flat_bias(cross._query_dense),
+            "cross_k": kernel(cross._key_dense, d), "cross_k_bias": flat_bias(cross._key_dense),
+            "cross_v": kernel(cross._value_dense, d), "cross_v_bias": flat_bias(cross._value_dense),
+            "cross_o": kernel(cross._output_dense, width), "cross_o_bias": bias(cross._output_dense, d),
+            "ffn_inner": kernel(layer.ffn.inner, d), "ffn_inner_bias": bias(layer.ffn.inner, layer.dff),
+            "ffn_outer": kernel(layer.ffn.outer, layer.dff), "ffn_outer_bias": bias(layer.ffn.outer, d),
+        }
+
+    def _output_weights(self):
+        """(matrix float32 `[d, V]`, bias float32 `[V]`): logits = x · matrix + bias."""
+        final = self.model.final_layer
+        if hasattr(final, "embedding"):  # TiedLogits: the target embedding `[V, d]`, transposed once per batch
+            return tf.transpose(_read(final.embedding.embeddings, tf.float32)), _read(final.bias, tf.float32)
+        return _read(final.kernel, tf.float32), _read(final.bias, tf.float32)
