@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from transformer.base.constants import PAD_ID
-from transformer.model.losses import global_sum
+from transformer.model.losses import global_sum, token_mask
 
 
 def accumulated_train_step(model: keras.Model, data, steps: int) -> dict:
@@ -66,8 +66,8 @@ def accumulated_train_step(model: keras.Model, data, steps: int) -> dict:
 
 
 def _tokens(tgt_out: tf.Tensor) -> tf.Tensor:
-    """Non-pad target tokens of `tgt_out`, float32 scalar."""
-    return tf.reduce_sum(tf.cast(tf.not_equal(tgt_out, PAD_ID), tf.float32))
+    """Real target tokens of `tgt_out` as the loss counts them (`token_mask`), float32 scalar."""
+    return tf.reduce_sum(token_mask(tgt_out))
 
 
 def _dense_part(gradient):

@@ -41,7 +41,7 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         y_true = tf.cast(y_true, tf.int32)
         logits = tf.cast(y_pred, tf.float32)
-        mask = tf.cast(tf.not_equal(y_true, PAD_ID), tf.float32)
+        mask = token_mask(y_true)
         if self.label_smoothing:
             vocab = tf.shape(logits)[-1]
             smooth = self.label_smoothing
@@ -54,6 +54,11 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def token_mask(y_true: tf.Tensor) -> tf.Tensor:
+    """float32, `y_true`'s shape: 1 at real target tokens, 0 at [PAD]; what the loss averages over."""
+    return tf.cast(tf.not_equal(tf.cast(y_true, tf.int32), PAD_ID), tf.float32)
 
 
 def global_sum(value: tf.Tensor) -> tf.Tensor:

@@ -119,7 +119,6 @@ def _op_events(xspace) -> Iterable[tuple[str, str, int]]:
                 elif name in _XLA_EVENTS and event.offset_ps >= xla_end:  # outermost XLA events only
                     xla_end = event.offset_ps + event.duration_ps
                     ops.append((event.offset_ps, event.duration_ps, f"xla/{line.name}", XLA_OP_TYPE))
-            ops.sort(key=lambda op: (op[0], -op[1]))
             stack: list[list] = []  # [end, self_ps, name, type] of open (enclosing) op events
             for start, duration, name, op_type in ops:
                 while stack and stack[-1][0] <= start:
@@ -339,7 +338,6 @@ class StepProfiler(keras.callbacks.Callback):
         if self.report is not None:
             self.report.profile = self.result
             self.report.write()
-
 
     def _profiled_tokens(self) -> Optional[int]:
         """Real (non-pad) target tokens of the profiled steps, from the report's step rows."""
