@@ -139,3 +139,32 @@ def test_optimizer_uses_the_schedule_at_its_iteration_count():
         assert float(optimizer.learning_rate) == pytest.approx(expected_lr(32, 50, iteration), rel=1e-5)
     clone = WarmupInverseSqrt.from_config(schedule.get_config())
     assert float(clone(123)) == pytest.approx(float(schedule(123)))
+
+
+@pytest.mark.parametrize("smoothing", [0.1, 0.4])
+def test_smoothed_loss_value_and_gradient_equal_the_dense_formulation(smoothing):
+    """The closed-form loss/gradient equals softmax_cross_entropy_with_logits on dense smoothed targets."""
+    import tensorflow as tf
+
+    from transformer.model.losses import smoothed_cross_entropy
+
+    rng = np.random.default_rng(3)
+    labels = tf.constant(rng.integers(0, VOCAB, (4, 6)), tf.int32)
+    logits = tf.constant(rng.normal(0, 3, (4, 6, VOCAB)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(4, 6)), tf.float32)  # a non-uniform weight per token
+
+    def dense(z):
+        q = tf.one_hot(labels, VOCAB, on_value=1 - smoothing + smoothing / VOCAB, off_value=smoothing / VOCAB)
+        return tf.nn.softmax_cross_entropy_with_logits(q, z)
+
+    results = []
+    for fn in (dense, lambda z: smoothed_cross_entropy(labels, z, smoothing)):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            token_loss = fn(logits)
+            weighted = tf.reduce_sum(token_loss * upstream)
+        results.append((token_loss.numpy(), tape.gradient(weighted, logits).numpy()))
+    (loss_dense, grad_dense), (loss_closed, grad_closed) = results
+    np.testing.assert_allclose(loss_closed, loss_dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad_closed, grad_dense, rtol=1e-4, atol=1e-6)
+    assert np.abs(grad_dense).max() > 0.1  # a gradient worth comparing
