@@ -36,14 +36,14 @@ def batch(config, seed: int = 0):
     return (tf.constant(src), tf.constant(tgt[:, :-1])), tf.constant(tgt[:, 1:])
 
 
-def trained_once(model_config, steps: int, data, policy: str = "float32", peak: float = 1e-3):
-    """(model, optimizer) after one `train_on_batch` of `data` with `steps` micro-batches per update."""
+def trained_once(model_config, steps: int, data, policy: str = "float32", peak: float = 1e-3, xla: bool = False):
+    """(model, optimizer, loss) after one `train_on_batch` of `data` with `steps` micro-batches per update."""
     keras.mixed_precision.set_global_policy(policy)
     try:
         model = build(model_config, seed=3)
         config = RunConfig(model=model_config, train=TrainConfig(
             accumulate_steps=steps, label_smoothing=0.1, lr_schedule="inverse-sqrt", warmup_steps=4,
-            peak_learning_rate=peak, xla=False))
+            peak_learning_rate=peak, xla=xla))
         optimizer = compile_model(model, config)
         loss = model.train_on_batch(*data, return_dict=True)["loss"]
     finally:
@@ -74,6 +74,17 @@ def test_two_micro_batches_give_the_update_of_the_whole_batch(tie):
     for weight_a, weight_b, m in zip(whole.trainable_weights, parts.trainable_weights, moments(whole_opt)[0]):
         if np.abs(m).max() > 1e-7:
             np.testing.assert_allclose(weight_b.numpy(), weight_a.numpy(), atol=1e-6, err_msg=weight_a.path)
+
+
+def test_under_xla_the_micro_batches_still_give_the_update_of_the_whole_batch():
+    """The accumulation loop compiled by XLA (the GPU default) gives the plain step's update."""
+    data = batch(MODEL)
+    _, whole_opt, whole_loss = trained_once(MODEL, 1, data)
+    parts, parts_opt, parts_loss = trained_once(MODEL, 2, data, xla=True)
+    assert parts.jit_compile and int(parts_opt.iterations.numpy()) == 1
+    np.testing.assert_allclose(parts_loss, whole_loss, rtol=1e-5)
+    for a, b in zip(moments(whole_opt)[0], moments(parts_opt)[0]):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-8)
 
 
 def test_a_mean_of_micro_batch_means_would_differ():
