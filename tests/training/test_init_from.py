@@ -189,3 +189,28 @@ def test_a_missing_or_damaged_run_is_named(tiny_run, tmp_path, damage, message):
         open_init_source(config).load_weights(build_model(config.model))
     assert str(caught.value).startswith(f"--init-from {run}: "), caught.value
     assert message in str(caught.value), caught.value
+
+
+def test_resuming_a_fine_tuned_run_continues_from_its_own_checkpoint(tiny_run, fine_tuned, tmp_path):
+    """The crashed-run command again with --resume: the fine-tuned run's weights and step, not RUN's."""
+    import shutil
+
+    from transformer.training.trainer import train
+
+    output, _, tokenizers_root = fine_tuned
+    run = tmp_path / "run"
+    shutil.copytree(output, run)  # the module's fine-tuned run stays as it is
+    prefix = output.parent / "data" / "B"
+    argv = fine_tune_argv(prefix, tiny_run, run, "--tokenizers-root", str(tokenizers_root), "--epochs", "2",
+                          "--resume")
+    start = WeightsAtStart()
+    train(cli.run_config_from_args(_parse(argv)), extra_callbacks=(start,))
+    fine, _, _ = load_trained_model(output)
+    source, _, _ = load_trained_model(tiny_run)
+    for loaded, saved in zip(start.weights, fine.weights):
+        np.testing.assert_array_equal(loaded, saved.numpy())
+    assert any(not np.array_equal(a, b.numpy()) for a, b in zip(start.weights, source.weights))
+    assert int(start.optimizer[0]) == FINE_TUNE_STEPS  # the optimizer's state came back too
+    config = RunConfig.load(run / CONFIG_FILE)
+    assert config.train.init_from == str(tiny_run) and config.train.init_from_step == TINY_RUN_STEPS
+    assert json.loads((run / "summary.json").read_text())["optimizer_steps"] == 2 * FINE_TUNE_STEPS
