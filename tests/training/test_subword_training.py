@@ -17,7 +17,7 @@ from transformer.commands.train import parse_args
 def tiny_argv(output, *extra) -> list[str]:
     """scripts/train.py flags for 2 steps of a tiny model on the slice the SentencePiece test tokenizers were
     learned from (the training files named explicitly, as conftest's tiny_run: the same key, reused)."""
-    _, _, config, corpus = shared_tokenizers("sentencepiece")
+    _, _, config, _ = shared_tokenizers("sentencepiece")
     return ["--train-src", f"{BIBLE_DIR}/train.pt", "--train-tgt", f"{BIBLE_DIR}/train.en",
             "--max-train-examples", str(TOKENIZER_PAIRS), "--max-val-examples", str(VAL_PAIRS),
             "--vocab-size", str(config.vocab_size), "--lower-case", "--tokenizers-root", config.root,

@@ -69,7 +69,7 @@ def _join_wordpieces(words: tf.RaggedTensor) -> tf.Tensor:
 
 
 class LanguageTokenizer(tf.Module):
-    """One language's tokenizer with [START]/[END] handling; subclasses segment (`_segment`, `_words`).
+    """One language's tokenizer with [START]/[END] handling; subclasses segment (`_segment`) and join (`_text`).
 
     tokenize: [batch] tf.string → RaggedTensor [batch, (tokens)] int64, with [START] … [END]
       (deterministic).
@@ -156,7 +156,7 @@ class SentencePieceTokenizer(LanguageTokenizer):
     def __init__(self, model_path: str):
         proto = Path(model_path).read_bytes()
         # A name per model: restored from a SavedModel, unnamed SentencepieceTokenizers all get the
-        # model of the first one (tensorflow-text 2.21; tests/data/test_tokenizer.py checks both sides).
+        # model of the first one (tensorflow-text 2.21; tests/data/test_sentencepiece.py checks both sides).
         name = f"sentencepiece_{hashlib.sha256(proto).hexdigest()[:12]}"
         self.tokenizer = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32, name=name)
         super().__init__([piece.decode() for piece in self.tokenizer.id_to_string(
