@@ -48,29 +48,30 @@ def bible_slice_config() -> DataConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def _build_test_tokenizers():
+def _build_test_tokenizers(algorithm: str = "wordpiece"):
     from transformer.data.corpora import load_corpus
     from transformer.data.tokenizer import build_or_load_tokenizers
 
     root = tempfile.mkdtemp(prefix="test-tokenizers-")
-    config = TokenizerConfig(vocab_size=TOKENIZER_VOCAB, root=root, lower_case=True)
+    config = TokenizerConfig(algorithm=algorithm, vocab_size=TOKENIZER_VOCAB, root=root, lower_case=True)
     corpus = load_corpus(bible_slice_config())
     tokenizers, directory = build_or_load_tokenizers(corpus, config)
     return tokenizers, directory, config, corpus
 
 
-def shared_tokenizers():
-    """(tokenizers, directory, TokenizerConfig, corpus), built once per test process; skips without the corpus."""
+def shared_tokenizers(algorithm: str = "wordpiece"):
+    """(tokenizers, directory, TokenizerConfig, corpus), built once per test process and `algorithm`
+    (wordpiece, or sentencepiece: a unigram model); skips without the corpus."""
     if not (BIBLE_DIR / "train.pt").is_file() or not (BIBLE_DIR / "train.en").is_file():
         pytest.skip(f"shared Bible corpus not found at {BIBLE_DIR} (needs train.pt / train.en)")
-    return _build_test_tokenizers()
+    return _build_test_tokenizers(algorithm)
 
 
-def tiny_translator(config=None, seed: int = 0, max_length: int = 24):
-    """A Translator over `shared_tokenizers()` and a tiny random model."""
+def tiny_translator(config=None, seed: int = 0, max_length: int = 24, algorithm: str = "wordpiece"):
+    """A Translator over `shared_tokenizers(algorithm)` and a tiny random model."""
     from transformer.inference.translator import DecodeConfig, Translator
 
-    tokenizers = shared_tokenizers()[0]
+    tokenizers = shared_tokenizers(algorithm)[0]
     model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),
                        max_length=max_length, seed=seed)
     return Translator(tokenizers, model, config or DecodeConfig())

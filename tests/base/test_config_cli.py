@@ -232,3 +232,49 @@ def test_batch_fields_round_trip_and_older_config_files_still_load(tmp_path):
         RunConfig.from_dict({"pipeline": {"max_tokens": 1.5}})
     with pytest.raises(ValueError, match=r"train\.lr_scaling must be auto, sqrt or off"):
         RunConfig.from_dict({"train": {"lr_scaling": "linear"}}).validate()
+
+
+def test_subword_flags_map_onto_the_config_and_round_trip(tmp_path):
+    script = load_train_script()
+    config = cli.run_config_from_args(script.parse_args(["--tokenizer", "sentencepiece", "--subword-alpha", "0.1",
+                                                         "--subword-nbest", "-1"]))
+    assert config.tokenizer.algorithm == "sentencepiece"
+    assert (config.pipeline.subword_alpha, config.pipeline.subword_nbest) == (0.1, -1)
+    assert config.pipeline.sampling == (-1, 0.1)
+    config.save(tmp_path / "config.json")
+    assert RunConfig.load(tmp_path / "config.json") == config
+    default = cli.run_config_from_args(script.parse_args([]))
+    assert default.tokenizer.algorithm == "wordpiece" and default.pipeline.sampling is None
+    assert cli.run_config_from_args(script.parse_args(["--tokenizer", "sentencepiece"])).pipeline.sampling is None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--subword-alpha", "0.1"], "pipeline.subword_alpha 0.1 samples segmentations of a SentencePiece model; the "
+                                 "tokenizer is wordpiece (add --tokenizer sentencepiece, or drop --subword-alpha) "
+                                 "(flag --subword-alpha)"),
+    (["--tokenizer", "sentencepiece", "--subword-alpha", "-0.5"], "pipeline.subword_alpha must be >= 0"),
+    (["--tokenizer", "sentencepiece", "--subword-alpha", "nan"], "pipeline.subword_alpha must be >= 0"),
+    (["--tokenizer", "sentencepiece", "--subword-alpha", "0.1", "--subword-nbest", "1"],
+     "pipeline.subword_nbest must be -1 (the whole lattice) or >= 2, got 1 (flag --subword-nbest)"),
+])
+def test_bad_subword_flags_are_errors_naming_the_flag(argv, message):
+    script = load_train_script()
+    with pytest.raises(cli.ConfigError) as caught:
+        cli.run_config_from_args(script.parse_args(argv))
+    assert message in str(caught.value)
+
+
+def test_unknown_tokenizer_is_an_argparse_error(capsys):
+    script = load_train_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse_args(["--tokenizer", "bpe"])
+    assert exit_info.value.code == 2
+    assert "error: argument --tokenizer: invalid choice: 'bpe'" in capsys.readouterr().err
+
+
+def test_config_files_without_the_subword_fields_load_as_wordpiece(tmp_path):
+    values = RunConfig().to_dict()
+    del values["tokenizer"]["algorithm"], values["pipeline"]["subword_alpha"], values["pipeline"]["subword_nbest"]
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    loaded = RunConfig.load(tmp_path / "config.json")
+    assert loaded.tokenizer.algorithm == "wordpiece" and loaded.pipeline.sampling is None

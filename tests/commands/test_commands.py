@@ -33,6 +33,7 @@ ARGV = {
     "tune_decoding": ["--run", "missing"],
     "serve": ["missing"],
     "benchmark_serving": ["missing"],
+    "benchmark_subword": ["--tokenizer", "sentencepiece", "--subword-alpha", "0.1"],
 }
 
 CHILD = """

@@ -119,3 +119,17 @@ def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
     assert bf16.model((ids, ids)).dtype == tf.float32  # logits stay float32
     path = export_translator(bf16, tmp_path / "bf16")
     assert load_exported(path).translate(SENTENCES) == bf16.translate(SENTENCES)
+
+
+def test_sentencepiece_export_is_deterministic_and_matches_in_a_fresh_process(tmp_path):
+    """A translator over SentencePiece tokenizers: the export segments deterministically (the same
+    output twice) and loads with tensorflow + tensorflow_text only, translating as in memory."""
+    translator = tiny_translator(DecodeConfig(chunk_size=4), algorithm="sentencepiece")
+    path = export_translator(translator, tmp_path / "translator")
+    expected = translator.translate(SENTENCES)
+    assert translator.translate(SENTENCES) == expected
+    assert load_exported(path).translate(SENTENCES) == expected
+    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(path)], input=_to_json(SENTENCES),
+                            capture_output=True, text=True, timeout=600, cwd=path.parent, env=_clean_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["translations"] == expected

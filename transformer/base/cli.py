@@ -25,6 +25,7 @@ from transformer.base.config import (
     RunConfig,
     TokenizerConfig,
     TrainConfig,
+    check_sampling,
     parse_length_buckets,
     parse_profile_steps,
 )
@@ -41,6 +42,7 @@ from transformer.base.constants import (
     PRECISIONS,
     STRATEGIES,
     TIE_EMBEDDINGS,
+    TOKENIZER_ALGORITHMS,
     XLA_MODES,
 )
 from transformer.base.errors import ArtifactError, ConfigError
@@ -56,7 +58,7 @@ def quiet_tensorflow() -> None:
 
 # modules of transformer/commands/, each with main(argv)
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
-            "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving")
+            "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving", "benchmark_subword")
 
 
 def command_line(name: str, *args: str) -> list[str]:
@@ -154,14 +156,17 @@ def parse_fractions(text: str) -> tuple[float, ...]:
 
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tokenizers")
-    group.add_argument("--vocab-size", type=int, help=f"WordPiece vocab size per language (default {TokenizerConfig.vocab_size})")
+    group.add_argument("--tokenizer", dest="tokenizer_algorithm", choices=TOKENIZER_ALGORITHMS,
+                       help="subword vocabulary: wordpiece (default) or a sentencepiece unigram model (which "
+                            "--subword-alpha can sample from)")
+    group.add_argument("--vocab-size", type=int, help=f"subword vocab size per language (default {TokenizerConfig.vocab_size})")
     group.add_argument("--cased", dest="lower_case", action="store_false", default=None,
                        help="keep case and accents (the default recipe)")
     group.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
                        help="lower-case and strip accents (the TF tutorial's choice)")
     group.add_argument("--tokenizers-root", dest="tokenizer_root", help="where built tokenizers go (default tokenizers/)")
     group.add_argument("--shared-vocab", dest="shared_vocab", action=argparse.BooleanOptionalAction, default=None,
-                       help="one WordPiece vocabulary learned on both languages (--vocab-size in total)")
+                       help="one vocabulary learned on both languages (--vocab-size in total)")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +203,12 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
                             "geometric = 16,24,32,48,64,96,128 (few shapes for XLA; evaluation batches padded to "
                             "full rows); or explicit lengths; default auto = geometric with XLA, else width")
     group.add_argument("--shuffle-buffer", type=int)
+    group.add_argument("--subword-alpha", type=float, metavar="A",
+                       help="subword regularisation (needs --tokenizer sentencepiece): every epoch samples a new "
+                            "segmentation of each training sentence with inverse temperature A (smaller: more "
+                            "varied; e.g. 0.1); 0 = off (default). Evaluation and export segment deterministically")
+    group.add_argument("--subword-nbest", type=int, metavar="N",
+                       help="sample among the N best segmentations (-1: all; default 64)")
     group.add_argument("--cache", help="'memory' or a file path prefix for tf.data's file cache")
 
 
@@ -321,12 +332,14 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     data = _pick(args, {f: f for f in DataConfig.__dataclass_fields__})
     if data.get("corpora"):  # one tuple per --data flag → one tuple
         data["corpora"] = tuple(spec for specs in data["corpora"] for spec in specs)
-    tokenizer = _pick(args, {"vocab_size": "vocab_size", "lower_case": "lower_case", "root": "tokenizer_root",
+    tokenizer = _pick(args, {"algorithm": "tokenizer_algorithm", "vocab_size": "vocab_size", "lower_case": "lower_case",
+                             "root": "tokenizer_root",
                              "shared_vocab": "shared_vocab"})
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
                             "shuffle_buffer": "shuffle_buffer", "cache": "cache",
-                            "bucket_width": "bucket_width", "length_buckets": "length_buckets"})
+                            "bucket_width": "bucket_width", "length_buckets": "length_buckets",
+                            "subword_alpha": "subword_alpha", "subword_nbest": "subword_nbest"})
     if pipeline.get("max_tokens") == 0:
         pipeline["max_tokens"] = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})
@@ -340,6 +353,10 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
         check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer})
     if config.train.init_from:
         config = apply_init_from(config, {"model": model, "tokenizer": tokenizer})
+        try:  # the tokenizers are the run's now
+            check_sampling(config)
+        except ValueError as err:
+            raise ConfigError(f"--init-from {config.train.init_from}: {err}") from err
     return config
 
 
@@ -424,7 +441,7 @@ def apply_init_from(config: RunConfig, given: dict[str, dict]) -> RunConfig:
 
 _FLAG_NAMES = {"dropout_rate": "dropout", "time_budget_minutes": "time-budget", "peak_learning_rate": "peak-lr",
                "lr_batch_factor": "lr-scaling",
-               "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data"}
+               "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data", "algorithm": "tokenizer"}
 
 
 def _flag_note(message: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from transformer.base.constants import (
     PRECISIONS,
     STRATEGIES,
     TIE_EMBEDDINGS,
+    TOKENIZER_ALGORITHMS,
     XLA_CACHE_MODES,
     one_of,
 )
@@ -135,8 +137,10 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """WordPiece vocabulary learning (tensorflow-text `bert_vocab_from_dataset`)."""
+    """Subword vocabulary learning: WordPiece (tensorflow-text `bert_vocab_from_dataset`) or a
+    SentencePiece unigram model (the `sentencepiece` package; applied with tensorflow-text)."""
 
+    algorithm: str = "wordpiece"  # wordpiece | sentencepiece (a unigram model; can sample segmentations)
     vocab_size: int = 8000  # target size per language; the learned vocab is close to it
     lower_case: bool = False  # the default recipe keeps case (references are cased); the tutorial lower-cases
     root: str = "tokenizers"  # built tokenizers go to <root>/<key>/
@@ -144,6 +148,8 @@ class TokenizerConfig:
     shared_vocab: bool = False  # one vocab learned on both languages (vocab_size in total), saved as src and tgt
 
     def validate(self) -> None:
+        if self.algorithm not in TOKENIZER_ALGORITHMS:
+            raise ValueError(f"tokenizer.algorithm must be {one_of(TOKENIZER_ALGORITHMS)}, got {self.algorithm!r}")
         if self.vocab_size <= 4:  # [PAD] [UNK] [START] [END]
             raise ValueError(f"tokenizer.vocab_size must exceed the 4 reserved tokens, got {self.vocab_size}")
         if self.learn_max_examples is not None and self.learn_max_examples <= 0:
@@ -236,8 +242,23 @@ class PipelineConfig:
     cache: str = "memory"  # "memory", or a file path prefix for tf.data's file cache
     bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
     length_buckets: str = "auto"  # auto | width | geometric | "L1,L2,…" (see the docstring)
+    # Subword regularisation (Kudo 2018), training batches only: each pass over the training
+    # pairs samples a fresh SentencePiece segmentation of every sentence from its `subword_nbest`
+    # best (-1: the whole lattice) with inverse temperature `subword_alpha` (smaller: more varied);
+    # 0: off, the one best segmentation, as in evaluation and export.
+    subword_alpha: float = 0.0
+    subword_nbest: int = 64
+
+    @property
+    def sampling(self) -> Optional[tuple[int, float]]:
+        """(nbest, alpha) of training segmentations, or None: deterministic segmentation."""
+        return (self.subword_nbest, self.subword_alpha) if self.subword_alpha > 0 else None
 
     def validate(self) -> None:
+        if not math.isfinite(self.subword_alpha) or self.subword_alpha < 0:
+            raise ValueError(f"pipeline.subword_alpha must be >= 0 (0 = no sampling), got {self.subword_alpha}")
+        if self.subword_nbest != -1 and self.subword_nbest < 2:
+            raise ValueError(f"pipeline.subword_nbest must be -1 (the whole lattice) or >= 2, got {self.subword_nbest}")
         if self.kind not in PIPELINE_KINDS:
             raise ValueError(f"pipeline.kind must be {one_of(PIPELINE_KINDS)}, got {self.kind!r}")
         if self.batch_size <= 0:
@@ -431,6 +452,8 @@ class RunConfig:
         if self.model.tie_embeddings == "all" and not self.tokenizer.shared_vocab:
             raise ValueError("model.tie_embeddings 'all' (--tie-embeddings all) needs tokenizer.shared_vocab "
                              "(--shared-vocab): the source and target embeddings are one matrix")
+        if not (self.train.resume or self.train.init_from):  # those take the tokenizers of the run: checked then
+            check_sampling(self)
         return self
 
     def replace(self, **sections: Any) -> "RunConfig":
@@ -461,6 +484,14 @@ class RunConfig:
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err})") from None
         return cls.from_dict(values, source=str(path))
+
+
+def check_sampling(config: RunConfig) -> None:
+    """ValueError when segmentations are to be sampled (`pipeline.subword_alpha` > 0) from a tokenizer that cannot."""
+    if config.pipeline.sampling and config.tokenizer.algorithm != "sentencepiece":
+        raise ValueError(f"pipeline.subword_alpha {config.pipeline.subword_alpha} samples segmentations of a "
+                         f"SentencePiece model; the tokenizer is {config.tokenizer.algorithm} "
+                         "(add --tokenizer sentencepiece, or drop --subword-alpha)")
 
 
 def _from_dict(cls: type, values: dict, source: str) -> Any:

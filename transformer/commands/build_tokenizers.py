@@ -1,4 +1,5 @@
-"""Learn the WordPiece vocabularies and save the tokenizer SavedModel, without training.
+"""Learn the subword vocabularies (WordPiece, or SentencePiece with --tokenizer sentencepiece) and save the
+tokenizer SavedModel, without training.
 
     python scripts/build_tokenizers.py --data ../shared/data/bible-pt-en --vocab-size 8000
 

@@ -26,6 +26,11 @@ uses 15 shapes at 14.6% padding, the geometric grid 7 shapes at 20.7%, powers of
 (16, 32, 64, 128) 4 shapes at 33.9% (padding: padded tokens not holding a token, both sides;
 src and tgt of a pair share one length).
 
+Subword regularisation (`PipelineConfig.sampling`, SentencePiece tokenizers only): training
+batches then get a freshly sampled segmentation of every sentence on each pass, so step 1
+caches the strings and tokenizes on every pass (in the same parallel map); evaluation
+batches always use the deterministic segmentation.
+
 `naive_pipeline` reproduces the TF tutorial's design for A/B comparisons: shuffle →
 batch `batch_size` sentences → tokenize on every step → pad to the batch max → prefetch.
 """
@@ -58,7 +63,7 @@ def make_batches(pairs: tf.data.Dataset | Mixture, tokenizers, config: PipelineC
         if isinstance(pairs, Mixture):
             pairs = pairs.epoch(seed, shuffle_buffer=config.shuffle_buffer)
         return naive_pipeline(pairs, tokenizers, config.batch_size * replicas, max_length, training,
-                              config.shuffle_buffer, seed)
+                              config.shuffle_buffer, seed, config.sampling if training else None)
     return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, tokenized=tokenized,
                               replicas=replicas)
 
@@ -67,13 +72,27 @@ def _split_target(src, tgt):
     return (src, tgt[:, :-1]), tgt[:, 1:]
 
 
+def segmenter(tokenizers, sampling: Optional[tuple[int, float]] = None):
+    """(language tokenizer, [batch] tf.string) → [batch, (tokens)] ids: `tokenize`, or with
+    `sampling` = (nbest, alpha) the SentencePiece tokenizer's `tokenize_sampled` (a new draw per call)."""
+    if sampling is None:
+        return lambda tokenizer, strings: tokenizer.tokenize(strings)
+    if not hasattr(tokenizers.src, "tokenize_sampled"):
+        raise ValueError("subword sampling (--subword-alpha) needs SentencePiece tokenizers (--tokenizer "
+                         "sentencepiece); these cannot sample segmentations")
+    nbest, alpha = tf.constant(sampling[0], tf.int32), tf.constant(sampling[1], tf.float32)
+    return lambda tokenizer, strings: tokenizer.tokenize_sampled(strings, nbest, alpha)
+
+
 def naive_pipeline(pairs, tokenizers, batch_size: int, max_length: int, training: bool,
-                   shuffle_buffer: int = 20000, seed: Optional[int] = None) -> tf.data.Dataset:
+                   shuffle_buffer: int = 20000, seed: Optional[int] = None,
+                   sampling: Optional[tuple[int, float]] = None) -> tf.data.Dataset:
     """The TF tutorial's pipeline: tokenizes every batch on every epoch."""
+    segment = segmenter(tokenizers, sampling)
 
     def prepare_batch(src, tgt):
-        src = tokenizers.src.tokenize(src)[:, :max_length].to_tensor()
-        tgt = tokenizers.tgt.tokenize(tgt)[:, : max_length + 1].to_tensor()
+        src = segment(tokenizers.src, src)[:, :max_length].to_tensor()
+        tgt = segment(tokenizers.tgt, tgt)[:, : max_length + 1].to_tensor()
         return _split_target(tf.cast(src, tf.int32), tf.cast(tgt, tf.int32))
 
     if training:
@@ -81,32 +100,41 @@ def naive_pipeline(pairs, tokenizers, batch_size: int, max_length: int, training
     return pairs.batch(batch_size).map(prepare_batch, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
 
 
-def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: str = "memory") -> tf.data.Dataset:
+def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: str = "memory",
+                   sampling: Optional[tuple[int, float]] = None) -> tf.data.Dataset:
     """Tokenizes once → dataset of (src_ids [src_len], tgt_ids [tgt_len]) int32, cached.
 
     Target keeps max_length + 1 tokens so tgt_in / tgt_out are max_length long.
+    `sampling` (nbest, alpha): the strings are cached instead and every pass samples new
+    segmentations (`segmenter`).
     """
+    segment = segmenter(tokenizers, sampling)
 
     def tokenize(src, tgt):  # ragged → dense + lengths, so unbatch yields plain tensors
-        src_ids = tokenizers.src.tokenize(src)[:, :max_length]
-        tgt_ids = tokenizers.tgt.tokenize(tgt)[:, : max_length + 1]
+        src_ids = segment(tokenizers.src, src)[:, :max_length]
+        tgt_ids = segment(tokenizers.tgt, tgt)[:, : max_length + 1]
         return (tf.cast(src_ids.to_tensor(), tf.int32), tf.cast(src_ids.row_lengths(), tf.int32),
                 tf.cast(tgt_ids.to_tensor(), tf.int32), tf.cast(tgt_ids.row_lengths(), tf.int32))
 
     def trim(src, src_len, tgt, tgt_len):
         return src[:src_len], tgt[:tgt_len]
 
+    cache_file = "" if cache == "memory" else cache
+    if sampling is not None:
+        pairs = pairs.cache(cache_file)
     tokenized = pairs.batch(1024).map(tokenize, num_parallel_calls=AUTOTUNE).unbatch().map(trim)
-    return tokenized.cache("" if cache == "memory" else cache)
+    return tokenized if sampling is not None else tokenized.cache(cache_file)
 
 
 def tokenize_mixture(mixture: Mixture, tokenizers, config: PipelineConfig, max_length: int,
                      seed: Optional[int] = None) -> tf.data.Dataset:
-    """Each part tokenized and cached once (`tokenize_pairs`), then mixed: one epoch of ids per pass."""
+    """Each part tokenized and cached once (`tokenize_pairs`), then mixed: one epoch of ids per pass.
+
+    For training only: with `config.sampling` every pass samples new segmentations."""
 
     def tokenize_part(index, part_pairs):
         cache = config.cache if config.cache == "memory" else f"{config.cache}.part{index}"
-        return tokenize_pairs(part_pairs, tokenizers, max_length, cache)
+        return tokenize_pairs(part_pairs, tokenizers, max_length, cache, config.sampling)
 
     return mixture.epoch(seed, per_part=tokenize_part, shuffle_buffer=config.shuffle_buffer)
 
@@ -185,7 +213,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     if tokenized is None and isinstance(pairs, Mixture):
         tokenized = tokenize_mixture(pairs, tokenizers, config, max_length, seed)
     elif tokenized is None:
-        tokenized = tokenize_pairs(pairs, tokenizers, max_length, config.cache)
+        tokenized = tokenize_pairs(pairs, tokenizers, max_length, config.cache, config.sampling if training else None)
     if training:
         tokenized = tokenized.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     split = tokenized.map(lambda src, tgt: ((src, tgt[:-1]), tgt[1:]),  # each ≤ max_length tokens

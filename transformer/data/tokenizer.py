@@ -1,21 +1,27 @@
-"""WordPiece tokenizers (tensorflow-text), learned from the training split, saved as one
-SavedModel holding both languages.
+"""Subword tokenizers (tensorflow-text), learned from the training split, saved as one
+SavedModel holding both languages: WordPiece (the default) or a SentencePiece unigram model
+(`--tokenizer sentencepiece`), which can also sample segmentations (subword regularisation).
 
 Layout of a built tokenizer directory `tokenizers/<key>/`:
-    saved_model.pb, variables/, assets/{src,tgt}_vocab.txt   the `PairTokenizers` module
-    src_vocab.txt, tgt_vocab.txt                             the same vocabularies, readable
-    manifest.json                                            what it was built from
+    saved_model.pb, variables/, assets/      the `PairTokenizers` module
+    src_vocab.txt, tgt_vocab.txt             the vocabularies, readable (WordPiece: its assets)
+    src.model, tgt.model                     SentencePiece only: the unigram model protos
+    manifest.json                            what it was built from (`algorithm`: which kind)
 
 The key is derived from the data fingerprint and the vocab parameters, so the same inputs
 reuse a directory and different inputs never collide. Directories are built in a temporary
 sibling and renamed into place, so a crash never leaves a half-built tokenizer.
 
-Loading needs `import tensorflow_text` before `tf.saved_model.load` (the ops, e.g.
-CaseFoldUTF8, are registered by that import); `load_tokenizers` does it.
+Both kinds have the same ids for the reserved tokens ([PAD] 0, [UNK] 1, [START] 2, [END] 3)
+and the same interface and contract (`LanguageTokenizer`). Loading needs `import
+tensorflow_text` before `tf.saved_model.load` (the ops, e.g. CaseFoldUTF8 or
+SentencepieceOp, are registered by that import); `load_tokenizers` does it. The
+`sentencepiece` package is needed only to learn a unigram model (transformer/data/unigram.py).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -31,7 +37,7 @@ from transformer.base import atomic
 from transformer.base.config import TokenizerConfig
 from transformer.base.constants import END_ID, RESERVED_TOKENS, START_ID
 from transformer.base.errors import InputError
-from transformer.data import wordpiece
+from transformer.data import unigram, wordpiece
 from transformer.data.corpora import ParallelCorpus
 from transformer.runtime.artifacts import load_saved_model
 
@@ -44,7 +50,7 @@ _REQUIRED_FILES = ("saved_model.pb", "variables", "manifest.json", "src_vocab.tx
 class TokenizerError(InputError, ValueError):
     """A tokenizer directory is missing, incomplete or inconsistent."""
 
-    hint = ("rebuild them: python scripts/build_tokenizers.py --data <corpus> with the run's --vocab-size/--cased "
+    hint = ("rebuild them: python scripts/build_tokenizers.py --data <corpus> with the run's --tokenizer/--vocab-size/--cased "
             "flags, then copy the directory it prints over this one (scripts/train.py builds missing ones)")
 
 
@@ -63,21 +69,22 @@ def _join_wordpieces(words: tf.RaggedTensor) -> tf.Tensor:
 
 
 class LanguageTokenizer(tf.Module):
-    """One language's WordPiece tokenizer with [START]/[END] handling.
+    """One language's tokenizer with [START]/[END] handling; subclasses segment (`_segment`) and join (`_text`).
 
-    tokenize: [batch] tf.string → RaggedTensor [batch, (tokens)] int64, with [START] … [END].
+    tokenize: [batch] tf.string → RaggedTensor [batch, (tokens)] int64, with [START] … [END]
+      (deterministic).
     detokenize: [batch, tokens] int ids (dense or ragged) → [batch] tf.string; reserved
       tokens (PAD/START/END) are dropped, text after the first [END] is ignored by callers.
+    lookup: ids → their pieces (tf.string); get_vocab_size, get_reserved_tokens.
     """
 
-    def __init__(self, vocab_path: str, lower_case: bool):
+    def __init__(self, vocab: list[str]):
         super().__init__()
-        self._vocab_asset = tf.saved_model.Asset(vocab_path)
-        self.tokenizer = tf_text.BertTokenizer(vocab_path, **_bert_params(lower_case))
-        vocab = Path(vocab_path).read_text(encoding="utf-8").splitlines()
         self.vocab = tf.Variable(vocab, trainable=False, name="vocab")
         self._reserved = tf.constant(list(RESERVED_TOKENS))
 
+    def _trace(self) -> None:
+        """Concrete functions of every method, so the SavedModel has them."""
         self.tokenize.get_concrete_function(tf.TensorSpec([None], tf.string))
         self.detokenize.get_concrete_function(tf.TensorSpec([None, None], tf.int64))
         self.detokenize.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int64))
@@ -86,20 +93,21 @@ class LanguageTokenizer(tf.Module):
         self.get_vocab_size.get_concrete_function()
         self.get_reserved_tokens.get_concrete_function()
 
-    @tf.function
-    def tokenize(self, strings):
-        ids = self.tokenizer.tokenize(strings).merge_dims(-2, -1)  # [batch, (tokens)]
+    @staticmethod
+    def _with_start_end(ids: tf.RaggedTensor) -> tf.RaggedTensor:
+        """[batch, (tokens)] int64 → [batch, (tokens + 2)]: [START] ids [END]."""
         batch = ids.bounding_shape()[0]
         starts = tf.fill([batch, 1], tf.constant(START_ID, tf.int64))
         ends = tf.fill([batch, 1], tf.constant(END_ID, tf.int64))
         return tf.concat([starts, ids, ends], axis=1)
 
     @tf.function
+    def tokenize(self, strings):
+        return self._with_start_end(self._segment(strings))
+
+    @tf.function
     def detokenize(self, token_ids):
-        words = self.tokenizer.detokenize(token_ids)  # [batch, (words)]
-        drop = tf.reduce_any(tf.equal(words[..., tf.newaxis], self._reserved[:1]), -1)
-        drop |= tf.reduce_any(tf.equal(words[..., tf.newaxis], self._reserved[2:]), -1)
-        return _join_wordpieces(tf.ragged.boolean_mask(words, ~drop))
+        return self._text(token_ids)
 
     @tf.function
     def lookup(self, token_ids):
@@ -114,13 +122,74 @@ class LanguageTokenizer(tf.Module):
         return self._reserved
 
 
-class PairTokenizers(tf.Module):
-    """The source (`src`) and target (`tgt`) tokenizers, saved together."""
+class WordPieceTokenizer(LanguageTokenizer):
+    """WordPiece (tensorflow-text `BertTokenizer`): words split on whitespace and punctuation,
+    then into the longest vocabulary pieces; detokenize rejoins words with natural punctuation
+    spacing (`_join_wordpieces`)."""
 
-    def __init__(self, src_vocab_path: str, tgt_vocab_path: str, lower_case: bool):
+    def __init__(self, vocab_path: str, lower_case: bool):
+        super().__init__(Path(vocab_path).read_text(encoding="utf-8").splitlines())
+        self._vocab_asset = tf.saved_model.Asset(vocab_path)
+        self.tokenizer = tf_text.BertTokenizer(vocab_path, **_bert_params(lower_case))
+        self._trace()
+
+    def _segment(self, strings):
+        return self.tokenizer.tokenize(strings).merge_dims(-2, -1)  # [batch, (tokens)]
+
+    def _text(self, token_ids):
+        words = self.tokenizer.detokenize(token_ids)  # [batch, (words)]
+        drop = tf.reduce_any(tf.equal(words[..., tf.newaxis], self._reserved[:1]), -1)
+        drop |= tf.reduce_any(tf.equal(words[..., tf.newaxis], self._reserved[2:]), -1)
+        return _join_wordpieces(tf.ragged.boolean_mask(words, ~drop))
+
+
+class SentencePieceTokenizer(LanguageTokenizer):
+    """A SentencePiece unigram model (tensorflow-text `SentencepieceTokenizer`; the proto is
+    stored in the SavedModel). Pieces carry their spaces ("▁"), so detokenize gives back the
+    normalised text; [PAD]/[START]/[END] are control pieces and decode to nothing.
+
+    tokenize_sampled(strings, nbest, alpha): like tokenize, with each sentence's segmentation
+      sampled (Kudo 2018) among its `nbest` best (int32 scalar; -1: all) with inverse
+      temperature `alpha` (float32 scalar > 0): a different one on each call, for training.
+    """
+
+    def __init__(self, model_path: str):
+        proto = Path(model_path).read_bytes()
+        # A name per model: restored from a SavedModel, unnamed SentencepieceTokenizers all get the
+        # model of the first one (tensorflow-text 2.21; tests/data/test_sentencepiece.py checks both sides).
+        name = f"sentencepiece_{hashlib.sha256(proto).hexdigest()[:12]}"
+        self.tokenizer = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32, name=name)
+        super().__init__([piece.decode() for piece in self.tokenizer.id_to_string(
+            tf.range(self.tokenizer.vocab_size())).numpy()])
+        self._trace()
+        self.tokenize_sampled.get_concrete_function(tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32),
+                                                    tf.TensorSpec([], tf.float32))
+
+    def _segment(self, strings):
+        return tf.cast(self.tokenizer.tokenize(strings), tf.int64)
+
+    def _text(self, token_ids):
+        return self.tokenizer.detokenize(tf.cast(token_ids, tf.int32))
+
+    @tf.function
+    def tokenize_sampled(self, strings, nbest, alpha):
+        sampler = copy.copy(self.tokenizer)  # the same model resource; the op reads these two per call
+        sampler.nbest_size, sampler.alpha = nbest, alpha
+        return self._with_start_end(tf.cast(sampler.tokenize(strings), tf.int64))
+
+
+class PairTokenizers(tf.Module):
+    """The source (`src`) and target (`tgt`) tokenizers, saved together.
+
+    `src_path` / `tgt_path`: vocabulary files (WordPiece) or model protos (SentencePiece).
+    """
+
+    def __init__(self, src_path: str, tgt_path: str, lower_case: bool, algorithm: str = "wordpiece"):
         super().__init__()
-        self.src = LanguageTokenizer(src_vocab_path, lower_case)
-        self.tgt = LanguageTokenizer(tgt_vocab_path, lower_case)
+        if algorithm == "sentencepiece":  # the model proto holds its normalisation (lower_case included)
+            self.src, self.tgt = SentencePieceTokenizer(src_path), SentencePieceTokenizer(tgt_path)
+        else:
+            self.src, self.tgt = WordPieceTokenizer(src_path, lower_case), WordPieceTokenizer(tgt_path, lower_case)
 
 
 def tokenizer_key(corpus: ParallelCorpus, config: TokenizerConfig) -> str:
@@ -133,15 +202,17 @@ def tokenizer_key(corpus: ParallelCorpus, config: TokenizerConfig) -> str:
             learn_max_examples=config.learn_max_examples,
             reserved=RESERVED_TOKENS,
             format=FORMAT_VERSION,
-            # Only when set, so the keys (and directories) of per-language vocabularies stay as they were.
+            # Only when set, so the keys (and directories) of WordPiece / per-language vocabularies stay as they were.
             **({"shared_vocab": True} if config.shared_vocab else {}),
+            **({"algorithm": config.algorithm} if config.algorithm != "wordpiece" else {}),
         ),
         sort_keys=True,
     )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     case = "lower" if config.lower_case else "cased"
     shared = "-shared" if config.shared_vocab else ""
-    return f"{corpus.name}-wp{config.vocab_size}{shared}-{case}-{digest}"
+    kind = "sp" if config.algorithm == "sentencepiece" else "wp"
+    return f"{corpus.name}-{kind}{config.vocab_size}{shared}-{case}-{digest}"
 
 
 def learn_vocab(sentences: tf.data.Dataset, config: TokenizerConfig) -> list[str]:
@@ -157,6 +228,14 @@ def learn_vocab(sentences: tf.data.Dataset, config: TokenizerConfig) -> list[str
     return wordpiece.learn(counts, config.vocab_size, list(RESERVED_TOKENS))
 
 
+def learn_unigram(sentences: tf.data.Dataset, config: TokenizerConfig) -> bytes:
+    """Learns a SentencePiece unigram model (serialized proto) from a dataset of scalar tf.string sentences."""
+    if config.learn_max_examples:
+        sentences = sentences.take(config.learn_max_examples)
+    text = (sentence.decode("utf-8", errors="replace") for sentence in sentences.as_numpy_iterator())
+    return unigram.learn(text, config.vocab_size, config.lower_case)
+
+
 def build_or_load_tokenizers(corpus: ParallelCorpus, config: TokenizerConfig) -> tuple[PairTokenizers, Path]:
     """Returns (tokenizers, directory), building them only if the keyed directory is absent."""
     directory = Path(config.root) / tokenizer_key(corpus, config)
@@ -164,32 +243,49 @@ def build_or_load_tokenizers(corpus: ParallelCorpus, config: TokenizerConfig) ->
         log.info("reusing tokenizers in %s", directory)
         return load_tokenizers(directory), directory
     start = time.perf_counter()
+    learn = learn_unigram if config.algorithm == "sentencepiece" else learn_vocab
     if config.shared_vocab:  # one vocabulary learned on both sides, saved as both (same ids)
         both = corpus.train.flat_map(lambda s, t: tf.data.Dataset.from_tensor_slices(tf.stack([s, t])))
-        src_vocab = tgt_vocab = learn_vocab(both, config)
+        src_model = tgt_model = learn(both, config)
     else:
-        src_vocab = learn_vocab(corpus.train.map(lambda s, t: s), config)
-        tgt_vocab = learn_vocab(corpus.train.map(lambda s, t: t), config)
-    save_tokenizers(directory, src_vocab, tgt_vocab, config, corpus)
+        src_model = learn(corpus.train.map(lambda s, t: s), config)
+        tgt_model = learn(corpus.train.map(lambda s, t: t), config)
+    save_tokenizers(directory, src_model, tgt_model, config, corpus)
+    tokenizers = load_tokenizers(directory)
     log.info(
-        "built tokenizers in %.1f s: %s (src vocab %d, tgt vocab %d)",
-        time.perf_counter() - start, directory, len(src_vocab), len(tgt_vocab),
+        "built %s tokenizers in %.1f s: %s (src vocab %d, tgt vocab %d)", config.algorithm,
+        time.perf_counter() - start, directory, int(tokenizers.src.get_vocab_size()),
+        int(tokenizers.tgt.get_vocab_size()),
     )
-    return load_tokenizers(directory), directory
+    return tokenizers, directory
 
 
 def save_tokenizers(
-    directory: Path, src_vocab: list[str], tgt_vocab: list[str], config: TokenizerConfig,
+    directory: Path, src_model: list[str] | bytes, tgt_model: list[str] | bytes, config: TokenizerConfig,
     corpus: Optional[ParallelCorpus] = None,
 ) -> None:
-    """Writes vocab files, the SavedModel and manifest.json atomically to `directory`."""
+    """Writes vocab files (and model protos), the SavedModel and manifest.json atomically to `directory`.
+
+    `src_model` / `tgt_model`: WordPiece vocabularies (token lists), or SentencePiece model protos
+    (bytes) when `config.algorithm` is "sentencepiece".
+    """
     with atomic.staged_directory(directory, keep_existing=True) as staging:  # built concurrently: keep theirs
+        if config.algorithm == "sentencepiece":
+            for lang, proto in (("src", src_model), ("tgt", tgt_model)):
+                (staging / f"{lang}.model").write_bytes(proto)
+            module = PairTokenizers(str(staging / "src.model"), str(staging / "tgt.model"), config.lower_case,
+                                    config.algorithm)
+            src_vocab, tgt_vocab = ([p.decode() for p in side.vocab.numpy()] for side in (module.src, module.tgt))
+        else:
+            src_vocab, tgt_vocab = src_model, tgt_model
         for name, vocab in (("src_vocab.txt", src_vocab), ("tgt_vocab.txt", tgt_vocab)):
             (staging / name).write_text("\n".join(vocab) + "\n", encoding="utf-8")
-        module = PairTokenizers(str(staging / "src_vocab.txt"), str(staging / "tgt_vocab.txt"), config.lower_case)
+        if config.algorithm != "sentencepiece":
+            module = PairTokenizers(str(staging / "src_vocab.txt"), str(staging / "tgt_vocab.txt"), config.lower_case)
         tf.saved_model.save(module, str(staging))
         manifest = dict(
             format=FORMAT_VERSION,
+            algorithm=config.algorithm,
             reserved_tokens=list(RESERVED_TOKENS),
             lower_case=config.lower_case,
             vocab_size_requested=config.vocab_size,

@@ -39,8 +39,8 @@ import keras
 import tensorflow as tf
 
 from transformer.base import atomic
-from transformer.base.config import ModelConfig, RunConfig, parse_profile_steps
-from transformer.base.errors import OutputExistsError
+from transformer.base.config import ModelConfig, RunConfig, check_sampling, parse_profile_steps
+from transformer.base.errors import ConfigError, OutputExistsError
 from transformer.data.corpora import load_corpus
 from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets
 from transformer.data.tokenizer import build_or_load_tokenizers, load_tokenizers
@@ -265,6 +265,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         log.info("--init-from: using the tokenizers of %s", init.run_dir)
     else:
         tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
+    try:  # --resume / --init-from: the tokenizers (and their kind) are the run's, known only now
+        check_sampling(config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     run_tokenizers = write_dir / TOKENIZER_DIR
     if not run_tokenizers.exists():
         shutil.copytree(tokenizer_dir, run_tokenizers)

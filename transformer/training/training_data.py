@@ -27,7 +27,8 @@ def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
     """The training pairs tokenized and cached once (`pipeline.tokenize_pairs`), or None.
 
     Shared by `count_batches` and `make_datasets`, so that counting the batches of an epoch
-    fills the cache the training pipeline then reads (the split is tokenized once, not twice).
+    fills the cache the training pipeline then reads (the split is tokenized once, not twice;
+    with subword sampling the cache holds the strings and every pass tokenizes anew).
     A mixture gives its per-part caches, mixed afresh on every pass. None for the naive
     pipeline (it tokenizes every batch).
     """
@@ -35,7 +36,8 @@ def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
         return None
     pairs = corpus.training_pairs
     if pairs is corpus.train:
-        return tokenize_pairs(pairs, tokenizers, config.model.max_length, config.pipeline.cache)
+        return tokenize_pairs(pairs, tokenizers, config.model.max_length, config.pipeline.cache,
+                              config.pipeline.sampling)
     return tokenize_mixture(pairs, tokenizers, config.pipeline, config.model.max_length, config.train.seed)
 
 
@@ -106,7 +108,8 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
                        else pipeline.batch_size)
         def batches(pairs, training):
             batch = max(1, per_replica) * (update_rows(config, replicas) if training else replicas)
-            tokenized = tokenize_pairs(pairs, tokenizers, max_length, pipeline.cache if training else "memory")
+            tokenized = (tokenize_pairs(pairs, tokenizers, max_length, pipeline.cache, pipeline.sampling) if training
+                         else tokenize_pairs(pairs, tokenizers, max_length))
             return distribute.tpu_batches(tokenized, batch, max_length, training, pipeline.shuffle_buffer,
                                           config.train.seed)
     else:
