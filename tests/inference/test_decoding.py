@@ -281,3 +281,25 @@ def test_beam_hypotheses_are_well_formed_and_within_their_limits():
             assert (ids[b, k, n:] == PAD_ID).all() and (ids[b, k, :n] != PAD_ID).all()
             assert END_ID not in ids[b, k, : n - 1]
         assert ids[b, 0, lengths[b, 0] - 1] == END_ID or lengths[b, 0] == limits[b]
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_beam_search_dropping_stopped_sentences_changes_no_result(head_width):
+    """Sentences leaving the beam loop as they stop (limits 1 … 20, graph mode) keep the
+    hypotheses, scores and lengths they get when no sentence is dropped, and when searched alone."""
+    model = tiny_model(seed=9, head_width=head_width)
+    rows, src = padded_sources()
+    rows, src = rows * 2, tf.concat([src, src], 0)
+    limits = tf.constant([20, 1, 4, 12, 2, 7])
+    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
+    run = {fraction: tf.function(lambda s, n, fraction=fraction: decoding.beam_translate(
+        model, s, 3, MAX_STEPS, alpha=0.6, max_lengths=n, drop_finished=fraction), input_signature=spec)
+        for fraction in (0.0, 0.75)}
+    kept, dropped = run[0.0](src, limits), run[0.75](src, limits)
+    for field in ("ids", "lengths"):
+        np.testing.assert_array_equal(getattr(dropped, field).numpy(), getattr(kept, field).numpy(), err_msg=field)
+    np.testing.assert_allclose(dropped.scores.numpy(), kept.scores.numpy(), rtol=1e-6, atol=1e-6)
+    assert kept.lengths.numpy()[:, 0].max() - kept.lengths.numpy()[:, 0].min() >= 10
+    for i in (1, 3):
+        alone = run[0.75](tf.constant([rows[i]], tf.int32), limits[i:i + 1])
+        np.testing.assert_array_equal(alone.ids.numpy()[0], dropped.ids.numpy()[i], err_msg=f"sentence {i}")
