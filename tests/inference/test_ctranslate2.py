@@ -146,16 +146,18 @@ def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
     output, saved = tmp_path / "comparison.json", tmp_path / "saved"
     assert script_main("export")(["--run", str(tiny_run), "--output", str(saved)]) == 0  # timed too (--exports)
     argv = ["--run", str(tiny_run), "--compare", "ctranslate2", "--limit", "6", "--repeats", "1", "--chunk-size", "4",
-            "--no-xla", "--ours", "export", "in-memory", "export-beam4", "--exports", str(saved), "--output", str(output)]
+            "--ours", "export", "in-memory", "export-beam4", "--exports", str(saved), "--output", str(output)]
     assert script_main("benchmark_decoding")(argv) == 0
     report = json.loads(output.read_text())
     engines = report["engines"]
     assert list(engines) == ["ours SavedModel", "ours in-memory", "ours SavedModel beam 4", f"SavedModel {saved}",
                              "CTranslate2 float32", "CTranslate2 int8"]
     assert engines["ours SavedModel beam 4"]["settings"]["beam_size"] == 4
+    assert not engines["ours SavedModel"]["settings"]["jit_compile"]  # --xla follows DecodeConfig: off
     for name in ("ours SavedModel", f"SavedModel {saved}", "CTranslate2 int8"):  # loaded here: cold start timed
         cold = engines[name]["cold_start"]
         assert cold["load_s"] > 0 and cold["first_batch_s"] > 0 and cold["total_s"] >= cold["load_s"]
+        assert cold["second_batch_s"] > 0
     assert "cold_start" not in engines["ours in-memory"]
     assert all(0 <= engine["bleu"] <= 100 for engine in engines.values())
     assert engines["ours in-memory"]["identical"] == 6 and engines["CTranslate2 float32"]["identical"] == 6

@@ -87,6 +87,66 @@ def test_greedy_stops_at_max_steps_and_row_limits():
     assert result.ids.numpy().tolist() == [[4, 4, 0, 0, 0], [4, 4, 4, 0, 0]]
 
 
+def rows_step_fn(vocab=6, token=4):
+    """Row b emits `token` until step `rows[b]` (its per-row constant), then [END]; records the
+    rows of each call."""
+    sizes = []
+
+    def fn(ids, step, state, rows):
+        sizes.append(int(tf.shape(ids)[0]))
+        target = tf.where(step >= rows, END_ID, token)
+        return tf.one_hot(target, vocab) * 10.0, state + 1, tf.one_hot(target, vocab) * tf.cast(rows[:, None], tf.float32)
+
+    return fn, sizes
+
+
+def test_dropping_finished_rows_shrinks_the_batch_and_keeps_every_row():
+    end_steps = tf.constant([1, 3, 3, 9, 5])
+    runs = {}
+    for fraction in (0.0, 0.75):
+        fn, sizes = rows_step_fn()
+        runs[fraction] = decoding.greedy_decode(fn, tf.fill([5], START_ID), tf.zeros([5]), 12, rows=end_steps,
+                                                return_attention=True, drop_finished=fraction), sizes
+    (kept, kept_sizes), (dropped, dropped_sizes) = runs[0.0], runs[0.75]
+    assert kept_sizes == [5] * 10
+    # after step 1 row 0 has ended (4/5 live: kept), after step 3 rows 1, 2 (2/5: dropped),
+    # after step 5 row 4 (1/2: dropped)
+    assert dropped_sizes == [5, 5, 5, 5, 2, 2, 1, 1, 1, 1]
+    assert dropped.ids.numpy().tolist() == kept.ids.numpy().tolist()
+    assert dropped.ids.numpy()[3].tolist() == [4] * 9 + [END_ID, 0, 0]
+    assert dropped.lengths.numpy().tolist() == [2, 4, 4, 10, 6]
+    np.testing.assert_array_equal(dropped.log_probs.numpy(), kept.log_probs.numpy())
+    np.testing.assert_array_equal(dropped.attention.numpy(), kept.attention.numpy())
+    assert dropped.attention.numpy()[3, 9, END_ID] == 9 and dropped.attention.numpy()[4, 6:].max() == 0
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_rows_of_very_different_lengths_get_their_single_row_results(head_width):
+    """Rows ending at steps 1 … 20 in one batch (dropped as they end, in graph mode) give each
+    row exactly what it gets decoded alone, and what it gets with no row ever dropped."""
+    model = tiny_model(seed=8, head_width=head_width)
+    rows, src = padded_sources()
+    rows, src = rows * 2, tf.concat([src, src], 0)
+    limits = tf.constant([1, 20, 3, 12, 6, 2])
+    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
+    run = {fraction: tf.function(lambda s, n, fraction=fraction: decoding.greedy_translate(
+        model, s, MAX_STEPS, max_lengths=n, drop_finished=fraction), input_signature=spec)
+        for fraction in (0.0, 0.75, 0.95)}
+    kept = run[0.0](src, limits)
+    for fraction in (0.75, 0.95):
+        batch = run[fraction](src, limits)
+        np.testing.assert_array_equal(batch.ids.numpy(), kept.ids.numpy())
+        np.testing.assert_array_equal(batch.lengths.numpy(), kept.lengths.numpy())
+        np.testing.assert_allclose(batch.log_probs.numpy(), kept.log_probs.numpy(), rtol=1e-6, atol=1e-6)
+    lengths = kept.lengths.numpy()
+    assert lengths.min() <= 2 and lengths.max() == MAX_STEPS  # rows end 1 … 20 steps apart
+    for i, row in enumerate(rows):
+        alone = run[0.75](tf.constant([row], tf.int32), limits[i:i + 1])
+        np.testing.assert_array_equal(alone.ids.numpy()[0], batch.ids.numpy()[i], err_msg=f"row {i}")
+        assert alone.lengths.numpy()[0] == batch.lengths.numpy()[i]
+        np.testing.assert_allclose(alone.log_probs.numpy()[0], batch.log_probs.numpy()[i], rtol=1e-5, atol=1e-5)
+
+
 def test_forbidden_ids_are_never_generated():
     def fn(ids, step, state):  # PAD then START are the most likely tokens
         return tf.tile(tf.constant([[9.0, 1.0, 8.0, 0.0, 2.0]]), [tf.shape(ids)[0], 1]), state
@@ -221,3 +281,25 @@ def test_beam_hypotheses_are_well_formed_and_within_their_limits():
             assert (ids[b, k, n:] == PAD_ID).all() and (ids[b, k, :n] != PAD_ID).all()
             assert END_ID not in ids[b, k, : n - 1]
         assert ids[b, 0, lengths[b, 0] - 1] == END_ID or lengths[b, 0] == limits[b]
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_beam_search_dropping_stopped_sentences_changes_no_result(head_width):
+    """Sentences leaving the beam loop as they stop (limits 1 … 20, graph mode) keep the
+    hypotheses, scores and lengths they get when no sentence is dropped, and when searched alone."""
+    model = tiny_model(seed=9, head_width=head_width)
+    rows, src = padded_sources()
+    rows, src = rows * 2, tf.concat([src, src], 0)
+    limits = tf.constant([20, 1, 4, 12, 2, 7])
+    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
+    run = {fraction: tf.function(lambda s, n, fraction=fraction: decoding.beam_translate(
+        model, s, 3, MAX_STEPS, alpha=0.6, max_lengths=n, drop_finished=fraction), input_signature=spec)
+        for fraction in (0.0, 0.75)}
+    kept, dropped = run[0.0](src, limits), run[0.75](src, limits)
+    for field in ("ids", "lengths"):
+        np.testing.assert_array_equal(getattr(dropped, field).numpy(), getattr(kept, field).numpy(), err_msg=field)
+    np.testing.assert_allclose(dropped.scores.numpy(), kept.scores.numpy(), rtol=1e-6, atol=1e-6)
+    assert kept.lengths.numpy()[:, 0].max() - kept.lengths.numpy()[:, 0].min() >= 10
+    for i in (1, 3):
+        alone = run[0.75](tf.constant([rows[i]], tf.int32), limits[i:i + 1])
+        np.testing.assert_array_equal(alone.ids.numpy()[0], dropped.ids.numpy()[i], err_msg=f"sentence {i}")

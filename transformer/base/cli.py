@@ -441,7 +441,8 @@ def apply_init_from(config: RunConfig, given: dict[str, dict]) -> RunConfig:
 
 _FLAG_NAMES = {"dropout_rate": "dropout", "time_budget_minutes": "time-budget", "peak_learning_rate": "peak-lr",
                "lr_batch_factor": "lr-scaling",
-               "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data", "algorithm": "tokenizer"}
+               "kind": "pipeline", "root": "tokenizers-root", "data_dir": "data", "algorithm": "tokenizer",
+               "beam_size": "beam"}
 
 
 def _flag_note(message: str) -> str:
@@ -453,7 +454,7 @@ def _flag_note(message: str) -> str:
 
 
 def add_decode_args(parser) -> None:
-    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla) to an argparse parser."""
+    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla, --drop-finished) to a parser."""
     defaults = DecodeConfig()
     group = parser.add_argument_group("decoding")
     group.add_argument("--beam", type=int, default=defaults.beam_size, help="beam size (1 = greedy)")
@@ -464,6 +465,9 @@ def add_decode_args(parser) -> None:
     group.add_argument("--chunk-size", type=int, default=defaults.chunk_size, help="sentences decoded together")
     group.add_argument("--xla", action=argparse.BooleanOptionalAction, default=defaults.jit_compile,
                        help="compile the decode loop with XLA")
+    group.add_argument("--drop-finished", type=float, default=defaults.drop_finished, metavar="FRACTION",
+                       help="without XLA, finished sentences leave the batch once those still decoding are at most "
+                            f"this fraction of it (0 = never; default {defaults.drop_finished})")
 
 
 def add_checkpoint_arg(parser) -> None:
@@ -474,7 +478,10 @@ def add_checkpoint_arg(parser) -> None:
 
 
 def decode_config_from_args(args) -> DecodeConfig:
-    """DecodeConfig from the flags of `add_decode_args`."""
-    return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
-                        max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
-                        jit_compile=args.xla).validate()
+    """DecodeConfig from the flags of `add_decode_args`; a bad value is a ConfigError naming its flag."""
+    try:
+        return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
+                            max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
+                            jit_compile=args.xla, drop_finished=args.drop_finished).validate()
+    except ValueError as err:
+        raise ConfigError(f"{err}{_flag_note(str(err))}") from err

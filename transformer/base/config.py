@@ -405,6 +405,8 @@ class DecodeConfig:
     chunk_size: sentences decoded together (after sorting by length).
     jit_compile: compile the decode loop with XLA.
     length_bucket: with jit_compile, source lengths are padded to a multiple of this.
+    drop_finished: without jit_compile, finished rows leave the batch once the rows still
+        decoding are at most this fraction of those computed (0: never).
     """
 
     beam_size: int = 1  # greedy: beam 4 gains ~1.3 BLEU at a fraction of the speed (docs/recipes.md, Decoding)
@@ -414,6 +416,7 @@ class DecodeConfig:
     chunk_size: int = 128
     jit_compile: bool = False
     length_bucket: int = 16
+    drop_finished: float = 0.75
 
     def validate(self) -> "DecodeConfig":
         if self.beam_size < 1:
@@ -427,6 +430,8 @@ class DecodeConfig:
                              f"{self.max_output_ratio} / {self.max_output_extra}")
         if self.length_bucket < 1:
             raise ValueError(f"length_bucket must be >= 1, got {self.length_bucket}")
+        if not 0 <= self.drop_finished < 1:
+            raise ValueError(f"drop_finished must be in [0, 1), got {self.drop_finished}")
         return self
 
     def to_dict(self) -> dict:

@@ -2,18 +2,28 @@
 
 A strategy drives a step callback and never reaches into the model:
 
-    symbols_to_logits_fn(ids, step, state) -> (logits, state) or (logits, state, attention)
+    symbols_to_logits_fn(ids, step, state[, rows]) -> (logits, state) or (logits, state, attention)
         ids:       int32 `[batch]`, the tokens at position `step` (position 0 holds [START]).
         step:      int32 scalar.
         state:     nested structure of tensors with a leading batch dimension: the
                    per-hypothesis decoder state (the self-attention cache). Beam search
                    gathers it by beam parent every step.
+        rows:      only when the strategy is given `rows=`: nested per-row constants with a
+                   leading batch dimension (cross-attention keys/values, source bias).
         logits:    float32 `[batch, vocab]`, the distribution of the token at `step + 1`.
         attention: optional `[batch, ...]` (e.g. cross-attention `[batch, heads, src_len]`).
 
 Anything that is the same for every hypothesis of a sentence (encoder memory, source mask,
-cross-attention keys/values) is *not* state: the callback closes over it. For beam search it
-is tiled `beam_size` times once, before the loop, and never reordered.
+cross-attention keys/values) is *not* state: the callback closes over it or gets it as
+`rows`. For beam search it is tiled `beam_size` times once, before the loop, and never
+reordered by beam parent.
+
+Dropping finished rows (`drop_finished`, lean decoding only): a length-sorted batch still
+runs every row until its longest output ends. When the rows (greedy) or sentences (beam)
+still decoding are at most `drop_finished` of those computed, the loop keeps only them:
+inputs, state and `rows` are gathered to the live rows, each remembers its row in the
+full-size outputs. A row's result does not change (its arithmetic never depends on the other
+rows); the callback then must close over nothing with a batch dimension.
 
 `step_decoder_fn` builds the callback from `transformer.model.step_decoder.StepDecoder`
 (the default: caches grown by one position per step, few ops; not for XLA) and
@@ -23,9 +33,10 @@ thing for a batch of source ids. `uncached_greedy_decode` is the TF tutorial's T
 full model re-run on the whole prefix every step), kept as the speed baseline and as the
 reference that cached decoding must reproduce token for token.
 
-Generated ids live in a `[batch, max_steps]` buffer; with the fixed-size cache every shape
-is static inside the loops (XLA can compile them), a growing cache is declared to the loop
-by its shape invariants. Generated ids never include [START]; after [END] a row holds [PAD].
+Generated ids live in a `[batch, max_steps]` buffer; with the fixed-size cache and no
+dropping every shape is static inside the loops (XLA can compile them), a growing cache and
+a shrinking batch are declared to the loop by its shape invariants. Generated ids never
+include [START]; after [END] a row holds [PAD].
 
 Size: over ~350 lines on purpose: greedy, beam search and the uncached reference loop share
 the step-callback contract above; splitting them would separate a strategy from its reference.
@@ -37,11 +48,13 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
+from transformer.base.config import DecodeConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
 from transformer.model.step_decoder import StepDecoder
 
 NEG_INF = -1e9
 DEFAULT_FORBIDDEN_IDS = (PAD_ID, START_ID)  # never generated: PAD is masked as a key, START only opens
+DROP_FINISHED = DecodeConfig.drop_finished
 
 
 class GreedyResult(NamedTuple):
@@ -117,17 +130,35 @@ def _write_column(buffer: tf.Tensor, column: tf.Tensor, index) -> tf.Tensor:
     return tf.where(at, column[..., tf.newaxis], buffer)
 
 
-def _shape_invariants(loop_vars: tuple, state_index: int, state_invariants):
-    """`tf.while_loop` shape invariants: every loop variable's own shape, `state_invariants` for
-    the state at `state_index`; None (no invariants) when `state_invariants` is None."""
-    if state_invariants is None:
-        return None
+def _batch_shapes(structure, free: bool = False):
+    """`tf.while_loop` shape invariants: the static shape of each tensor of `structure`
+    (unknown for a TensorArray), its leading (batch) dimension None when `free`."""
 
     def shape(x):
-        return tf.TensorShape(None) if isinstance(x, tf.TensorArray) else tf.convert_to_tensor(x).shape
+        if isinstance(x, tf.TensorArray):
+            return tf.TensorShape(None)
+        known = tf.convert_to_tensor(x).shape
+        return tf.TensorShape([None]).concatenate(known[1:]) if free and known.rank else known
 
-    return tuple(state_invariants if i == state_index else tf.nest.map_structure(shape, v)
-                 for i, v in enumerate(loop_vars))
+    return tf.nest.map_structure(shape, structure)
+
+
+def _keep_live(live: tf.Tensor, fraction: float, take: Callable, structure):
+    """`take(structure, keep)` with `keep` int32 `[n]` the positions where `live` (bool `[b]`)
+    is True, when 0 < n ≤ fraction · b; else `structure` unchanged (one `tf.cond`)."""
+    count = tf.reduce_sum(tf.cast(live, tf.int32))
+    few = (count > 0) & (tf.cast(count, tf.float32) <= fraction * tf.cast(tf.size(live), tf.float32))
+    return tf.cond(few, lambda: take(structure, tf.cast(tf.where(live)[:, 0], tf.int32)), lambda: structure)
+
+
+def _gather_rows(structure, keep: tf.Tensor):
+    """Every tensor of `structure` (`[b, ...]`) at rows `keep` (int32 `[n]`) → `[n, ...]`."""
+    return tf.nest.map_structure(lambda x: tf.gather(x, keep), structure)
+
+
+def _call(fn: StepFn, ids, step, state, rows):
+    """The step callback, with `rows` as 4th argument when the strategy was given any."""
+    return fn(ids, step, state) if rows is None else fn(ids, step, state, rows)
 
 
 # ---- greedy ----------------------------------------------------------------------------
@@ -142,8 +173,10 @@ def greedy_decode(
     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
     return_attention: bool = False,
     state_shape_invariants=None,
+    rows=None,
+    drop_finished: float = 0.0,
 ) -> GreedyResult:
-    """Batched greedy decoding in one `tf.while_loop` over a fixed-size state.
+    """Batched greedy decoding in one `tf.while_loop`.
 
     Args:
         symbols_to_logits_fn: the step callback (see the module docstring).
@@ -157,6 +190,9 @@ def greedy_decode(
         return_attention: bool. Collect the callback's attention output every step.
         state_shape_invariants: `tf.while_loop` shape invariants of `state` when its shape
             changes between steps (a growing cache), else None.
+        rows: optional per-row constants handed to the callback (module docstring).
+        drop_finished: float in [0, 1). Drop finished rows once the unfinished ones are at most
+            this fraction of the rows computed (module docstring); 0: never (static shapes).
 
     Returns:
         `GreedyResult`. The loop stops when every row is finished or after `max_steps`.
@@ -169,38 +205,52 @@ def greedy_decode(
     start_ids = tf.cast(start_ids, tf.int32)
     batch = tf.shape(start_ids)[0]
     ids = tf.fill([batch, max_steps], tf.constant(PAD_ID, tf.int32))
-    finished = tf.zeros([batch], tf.bool)
     lengths = tf.zeros([batch], tf.int32)
     log_probs = tf.zeros([batch], tf.float32)
     # An empty tuple is an empty loop variable when attention is not collected.
     attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True) if return_attention else ()
+    # Per computed row `[b, ...]` (b = batch until finished rows are dropped): its input, its row in
+    # the outputs, whether it has ended, its length limit, its state and rows.
+    limits = tf.fill([batch], tf.cast(max_steps, tf.int32)) if max_lengths is None else tf.cast(max_lengths, tf.int32)
 
-    def cond(step, inputs, ids, finished, lengths, log_probs, state, attention):
-        return (step < max_steps) & tf.logical_not(tf.reduce_all(finished))
+    computed = (start_ids, tf.range(batch), tf.zeros([batch], tf.bool), limits, state, () if rows is None else rows)
 
-    def body(step, inputs, ids, finished, lengths, log_probs, state, attention):
-        outputs = symbols_to_logits_fn(inputs, step, state)
+    def cond(step, computed, ids, lengths, log_probs, attention):
+        return (step < max_steps) & tf.logical_not(tf.reduce_all(computed[2]))
+
+    def body(step, computed, ids, lengths, log_probs, attention):
+        inputs, where, finished, limits, state, rows_ = computed
+        outputs = _call(symbols_to_logits_fn, inputs, step, state, None if rows is None else rows_)
         logits, state = outputs[0], outputs[1]
-        logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [B, V]
-        next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [B]
+        logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b, V]
+        next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [b]
         next_ids = tf.where(finished, PAD_ID, next_ids)
-        chosen = tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)  # [B]
-        log_probs += tf.where(finished, 0.0, chosen)
-        lengths += tf.cast(tf.logical_not(finished), tf.int32)
+        chosen = tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)  # [b]
+        at = where[:, tf.newaxis]  # [b, 1]: the rows' places in the outputs
+        ids = tf.tensor_scatter_nd_update(ids, tf.stack([where, tf.fill(tf.shape(where), step)], 1), next_ids)
+        log_probs = tf.tensor_scatter_nd_add(log_probs, at, tf.where(finished, 0.0, chosen))
+        lengths = tf.tensor_scatter_nd_add(lengths, at, tf.cast(tf.logical_not(finished), tf.int32))
         if return_attention:
-            step_attention = tf.cast(outputs[2], tf.float32)
+            step_attention = tf.cast(outputs[2], tf.float32)  # [b, ...]
             keep = tf.reshape(tf.logical_not(finished), [-1] + [1] * (step_attention.shape.rank - 1))
-            attention = attention.write(step, tf.where(keep, step_attention, 0.0))
-        ids = _write_column(ids, next_ids, step)
-        finished = finished | tf.equal(next_ids, end_id)
-        if max_lengths is not None:
-            finished = finished | (step + 1 >= max_lengths)
-        return step + 1, next_ids, ids, finished, lengths, log_probs, state, attention
+            full = tf.concat([[batch], tf.shape(step_attention)[1:]], 0)
+            attention = attention.write(step, tf.scatter_nd(at, tf.where(keep, step_attention, 0.0), full))
+        finished = finished | tf.equal(next_ids, end_id) | (step + 1 >= limits)
+        computed = (next_ids, where, finished, limits, state, rows_)
+        if drop_finished > 0:
+            computed = _keep_live(tf.logical_not(finished), drop_finished, _gather_rows, computed)
+        return step + 1, computed, ids, lengths, log_probs, attention
 
-    loop_vars = (tf.constant(0), start_ids, ids, finished, lengths, log_probs, state, attention)
-    _, _, ids, _, lengths, log_probs, _, attention = tf.while_loop(
-        cond, body, loop_vars, maximum_iterations=max_steps,
-        shape_invariants=_shape_invariants(loop_vars, 6, state_shape_invariants))
+    loop_vars = (tf.constant(0), computed, ids, lengths, log_probs, attention)
+    free = drop_finished > 0
+    invariants = None
+    if free or state_shape_invariants is not None:
+        computed_shapes = _batch_shapes(computed, free)
+        if state_shape_invariants is not None:
+            computed_shapes = (*computed_shapes[:4], state_shape_invariants, computed_shapes[5])
+        invariants = (tf.TensorShape([]), computed_shapes, *_batch_shapes(loop_vars[2:]))
+    _, _, ids, lengths, log_probs, attention = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_steps, shape_invariants=invariants)
     if not return_attention:
         attention = None
     else:
@@ -223,13 +273,6 @@ def tile_beams(x: tf.Tensor, beam_size: int) -> tf.Tensor:
     return tf.repeat(x, beam_size, axis=0)
 
 
-def gather_beams(x: tf.Tensor, parents: tf.Tensor, batch: tf.Tensor, beam_size: int) -> tf.Tensor:
-    """Reorders `x [batch * beam, ...]` by `parents [batch, beam]` (beam indices) → same shape."""
-    shape = tf.shape(x)
-    grouped = tf.reshape(x, tf.concat([[batch, beam_size], shape[1:]], 0))
-    return tf.reshape(tf.gather(grouped, parents, batch_dims=1), shape)
-
-
 def beam_search(
     symbols_to_logits_fn: StepFn,
     start_ids: tf.Tensor,
@@ -243,13 +286,17 @@ def beam_search(
     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
     early_stop: bool = True,
     state_shape_invariants=None,
+    rows=None,
+    drop_finished: float = 0.0,
 ) -> BeamResult:
     """Beam search with the GNMT length penalty, in one `tf.while_loop`, batched over
     sentences × beams.
 
     Candidates are ranked by `log_prob / ((5 + length) / 6) ** alpha`. A finished hypothesis
     keeps its score: its only continuation is [END] with log-probability 0 and its length
-    stops growing.
+    stops growing. Only each hypothesis's `beam_size` best tokens can be among its
+    sentence's `beam_size` best candidates, so the ranking runs over `[batch, beam²]`
+    candidates, not `[batch, beam · vocab]`.
 
     Stopping. Without `early_stop` a sentence is searched until all `beam_size` hypotheses
     are finished. With it (the default) a sentence stops as soon as its best finished
@@ -265,10 +312,10 @@ def beam_search(
     Args:
         symbols_to_logits_fn: the step callback; it is called on `batch * beam_size` rows
             (row `b * beam_size + k` is hypothesis k of sentence b) and must close over
-            inputs already tiled with `tile_beams`.
+            inputs already tiled with `tile_beams` (or get them as `rows`).
         start_ids: int `[batch]`, the token at position 0.
         state: initial per-hypothesis state, leading dimension `batch * beam_size`. It is
-            gathered by beam parent after every step (`gather_beams`).
+            gathered by beam parent after every step.
         beam_size: int.
         max_steps: int. At most this many tokens per hypothesis.
         alpha: float >= 0. Length-penalty exponent; 0 ranks by raw log-probability.
@@ -276,6 +323,10 @@ def beam_search(
         end_id, max_lengths ([batch]), forbidden_ids: as in `greedy_decode`.
         early_stop: bool. Stop a sentence once its best hypothesis is final (see above).
         state_shape_invariants: as in `greedy_decode`.
+        rows: per-hypothesis constants (`[batch * beam_size, ...]`, tiled), as in `greedy_decode`;
+            never reordered by parent.
+        drop_finished: as in `greedy_decode`, for sentences: a sentence that has stopped (or whose
+            hypotheses have all ended) leaves with its `beam_size` rows.
 
     Returns:
         `BeamResult`, hypotheses sorted best first.
@@ -283,61 +334,91 @@ def beam_search(
     start_ids = tf.cast(start_ids, tf.int32)
     batch = tf.shape(start_ids)[0]
     k = beam_size
-    ids = tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32))
-    inputs = tf.reshape(tile_beams(start_ids, k), [batch, k])
     # Only beam 0 is alive at first, so the k beams do not start as k copies of one hypothesis.
     log_probs = tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)], tf.float32), [batch, 1])
-    scores = log_probs
-    finished = tf.zeros([batch, k], tf.bool)
-    lengths = tf.zeros([batch, k], tf.int32)
-    stopped = tf.zeros([batch], tf.bool)  # sentences whose best hypothesis is final
-    limits = None if max_lengths is None else tf.cast(max_lengths, tf.int32)[:, tf.newaxis]  # [B, 1]
+    limits = tf.fill([batch], tf.cast(max_steps, tf.int32)) if max_lengths is None else tf.cast(max_lengths, tf.int32)
     # The largest length penalty a hypothesis of each sentence can reach: [B, 1].
-    longest = tf.fill([batch, 1], tf.cast(max_steps, tf.int32)) if limits is None else tf.minimum(limits, max_steps)
-    max_penalty = length_penalty(longest, alpha)
-    same_beam = tf.tile(tf.range(k)[tf.newaxis], [batch, 1])  # [B, K] identity parents
+    max_penalty = length_penalty(tf.minimum(limits, max_steps), alpha)[:, tf.newaxis]
+    # Per sentence still searched `[b, ...]` (b = batch until stopped sentences are dropped): its
+    # row in the outputs, tokens, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty.
+    sentences = (tf.reshape(tile_beams(start_ids, k), [batch, k]), tf.range(batch),
+                 tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32)), log_probs, log_probs,
+                 tf.zeros([batch, k], tf.bool), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.bool),
+                 limits[:, tf.newaxis], max_penalty)
+    # Per hypothesis `[b * k, ...]`: the state and the rows.
+    hypotheses = (state, () if rows is None else rows)
+    results = BeamResult(*(tf.zeros_like(sentences[i]) for i in (2, 4, 3, 6)))  # [B, ...], written back
 
-    def cond(step, inputs, ids, log_probs, scores, finished, lengths, stopped, state):
-        return (step < max_steps) & tf.logical_not(tf.reduce_all(stopped | tf.reduce_all(finished, axis=1)))
+    def write_back(results, sentences):
+        """The results with the rows of `sentences` (all b of them) written at their places."""
+        _, where, ids, log_probs, scores, _, lengths = sentences[:7]
+        at = where[:, tf.newaxis]
+        return BeamResult(*(tf.tensor_scatter_nd_update(r, at, x)
+                            for r, x in zip(results, (ids, scores, log_probs, lengths))))
 
-    def body(step, inputs, ids, log_probs, scores, finished, lengths, stopped, state):
-        outputs = symbols_to_logits_fn(tf.reshape(inputs, [-1]), step, state)
+    def drop(structure, keep):  # keep: int32 [n] sentences
+        sentences, hypotheses, results = structure
+        rows_kept = tf.reshape(keep[:, tf.newaxis] * k + tf.range(k), [-1])  # [n * k]
+        return _gather_rows(sentences, keep), _gather_rows(hypotheses, rows_kept), write_back(results, sentences)
+
+    def searching(sentences):
+        """bool `[b]`: the sentence has neither stopped nor ended all its hypotheses."""
+        return tf.logical_not(sentences[7] | tf.reduce_all(sentences[5], axis=1))
+
+    def cond(step, sentences, hypotheses, results):
+        return (step < max_steps) & tf.reduce_any(searching(sentences))
+
+    def body(step, sentences, hypotheses, results):
+        inputs, where, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty = sentences
+        state, rows_ = hypotheses
+        b = tf.shape(inputs)[0]
+        outputs = _call(symbols_to_logits_fn, tf.reshape(inputs, [-1]), step, state, None if rows is None else rows_)
         logits, state = outputs[0], outputs[1]
-        logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [B*K, V]
-        vocab = tf.shape(logits)[-1]
-        step_log_probs = tf.reshape(tf.nn.log_softmax(logits), [batch, k, vocab])  # [B, K, V]
-        end_only = tf.where(tf.equal(tf.range(vocab), end_id), 0.0, NEG_INF)  # [V]
-        step_log_probs = tf.where(finished[:, :, tf.newaxis], end_only, step_log_probs)
-        total = log_probs[:, :, tf.newaxis] + step_log_probs  # [B, K, V]
-        new_lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)  # [B, K]
+        logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b*K, V]
+        # Each hypothesis's K best continuations; a finished one has one: [END] at log-probability 0.
+        top_log_probs, top_tokens = tf.math.top_k(tf.nn.log_softmax(logits), k=k)  # [b*K, K]
+        top_log_probs, top_tokens = tf.reshape(top_log_probs, [b, k, k]), tf.reshape(top_tokens, [b, k, k])
+        end_only = tf.where(tf.equal(tf.range(k), 0), 0.0, NEG_INF)  # [K]
+        top_log_probs = tf.where(finished[:, :, tf.newaxis], end_only, top_log_probs)
+        top_tokens = tf.where(finished[:, :, tf.newaxis], end_id, top_tokens)
+        total = log_probs[:, :, tf.newaxis] + top_log_probs  # [b, K, K]
+        new_lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)  # [b, K]
         candidate_scores = total / length_penalty(new_lengths, alpha)[:, :, tf.newaxis]
 
-        new_scores, flat = tf.math.top_k(tf.reshape(candidate_scores, [batch, k * vocab]), k=k)  # [B, K]
-        parents, tokens = flat // vocab, flat % vocab
-        keep = stopped[:, tf.newaxis]  # [B, 1]: stopped sentences stay as they are
-        parents = tf.where(keep, same_beam, parents)
-        new_log_probs = tf.gather(tf.reshape(total, [batch, k * vocab]), flat, batch_dims=1)
+        new_scores, flat = tf.math.top_k(tf.reshape(candidate_scores, [b, k * k]), k=k)  # [b, K]
+        parents = flat // k
+        tokens = tf.gather(tf.reshape(top_tokens, [b, k * k]), flat, batch_dims=1)
+        keep = stopped[:, tf.newaxis]  # [b, 1]: stopped sentences stay as they are
+        parents = tf.where(keep, tf.range(k)[tf.newaxis], parents)
+        new_log_probs = tf.gather(tf.reshape(total, [b, k * k]), flat, batch_dims=1)
         was_finished = tf.gather(finished, parents, batch_dims=1)
         tokens = tf.where(was_finished | keep, PAD_ID, tokens)
         ids = _write_column(tf.gather(ids, parents, batch_dims=1), tokens, step)
         scores = tf.where(keep, scores, new_scores)
         log_probs = tf.where(keep, log_probs, new_log_probs)
         lengths = tf.where(keep, lengths, tf.gather(new_lengths, parents, batch_dims=1))
-        finished = tf.where(keep, finished, was_finished | tf.equal(tokens, end_id))
-        if limits is not None:
-            finished = finished | (step + 1 >= limits)
+        finished = tf.where(keep, finished, was_finished | tf.equal(tokens, end_id)) | (step + 1 >= limits)
         if early_stop:
-            best_finished = tf.reduce_max(tf.where(finished, scores, NEG_INF), axis=1)  # [B]
+            best_finished = tf.reduce_max(tf.where(finished, scores, NEG_INF), axis=1)  # [b]
             best_alive = tf.reduce_max(tf.where(finished, NEG_INF, log_probs) / max_penalty, axis=1)
             stopped = stopped | (tf.reduce_any(finished, axis=1) & (best_finished >= best_alive))
-        state = tf.nest.map_structure(lambda s: gather_beams(s, parents, batch, k), state)
-        return step + 1, tokens, ids, log_probs, scores, finished, lengths, stopped, state
+        rows_of_parents = tf.reshape(parents + tf.range(b)[:, tf.newaxis] * k, [-1])  # [b*K] rows
+        state = _gather_rows(state, rows_of_parents)
+        sentences = (tokens, where, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty)
+        structure = (sentences, (state, rows_), results)
+        if drop_finished > 0:
+            structure = _keep_live(searching(sentences), drop_finished, drop, structure)
+        return (step + 1, *structure)
 
-    loop_vars = (tf.constant(0), inputs, ids, log_probs, scores, finished, lengths, stopped, state)
-    _, _, ids, log_probs, scores, _, lengths, _, _ = tf.while_loop(
-        cond, body, loop_vars, maximum_iterations=max_steps,
-        shape_invariants=_shape_invariants(loop_vars, 8, state_shape_invariants))
-    return BeamResult(ids, scores, log_probs, lengths)
+    loop_vars = (tf.constant(0), sentences, hypotheses, results)
+    free = drop_finished > 0
+    invariants = None
+    if free or state_shape_invariants is not None:
+        hypothesis_shapes = (state_shape_invariants or _batch_shapes(state, free), _batch_shapes(hypotheses[1], free))
+        invariants = (tf.TensorShape([]), _batch_shapes(sentences, free), hypothesis_shapes, _batch_shapes(results))
+    _, sentences, _, results = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_steps,
+                                             shape_invariants=invariants)
+    return write_back(results, sentences)
 
 
 # ---- whole-model helpers -------------------------------------------------------------
@@ -347,62 +428,71 @@ def cache_length(model, max_steps) -> tf.Tensor:
 
 
 def step_decoder_fn(decoder: StepDecoder, context: dict) -> StepFn:
-    """`symbols_to_logits_fn` for a `transformer.model.step_decoder.StepDecoder`: the state is its
-    growing cache (per layer (keys, values) `[batch, heads, step, key_dim]`), `context` (from
-    `decoder.start`, tiled for beam search) is closed over."""
+    """`symbols_to_logits_fn(ids, step, cache, rows)` for a `transformer.model.step_decoder.StepDecoder`:
+    the state is its growing cache (per layer (keys, values) `[batch, heads, step, key_dim]`),
+    `rows` the per-row part of `context` (`ROW_CONTEXT`: cross-attention keys/values, source
+    bias; tiled for beam search), the rest of `context` (from `decoder.start`) is closed over."""
+    shared = {key: value for key, value in context.items() if key not in ROW_CONTEXT}
 
-    def symbols_to_logits(ids, step, cache):
-        return decoder.step(context, ids, step, cache)  # [B, V] float32, cache, [B, heads, S]
+    def symbols_to_logits(ids, step, cache, rows):
+        return decoder.step({**shared, **rows}, ids, step, cache)  # [B, V] float32, cache, [B, heads, S]
 
     return symbols_to_logits
 
 
+ROW_CONTEXT = ("cross", "bias")  # the parts of `StepDecoder.start`'s context with a batch dimension
+
+
 def _start(model, src_ids, max_steps, beam_size: int, lean: bool):
-    """Encoder once, then (step callback, initial state, state shape invariants) for
-    `beam_size` hypotheses per row (rows tiled in place when beam_size > 1)."""
+    """Encoder once, then (step callback, initial state, per-row constants or None, state shape
+    invariants) for `beam_size` hypotheses per row (rows tiled in place when beam_size > 1)."""
     memory, src_mask = model.encode(src_ids, training=False)
     tile = (lambda x: tile_beams(x, beam_size)) if beam_size > 1 else (lambda x: x)
     if lean:
         decoder = StepDecoder(model)
         context, cache = decoder.start(memory, src_mask)
-        context = {**context, "cross": tf.nest.map_structure(tile, context["cross"]), "bias": tile(context["bias"])}
+        rows = tf.nest.map_structure(tile, {key: context[key] for key in ROW_CONTEXT})
         cache = tf.nest.map_structure(tile, cache)
-        return step_decoder_fn(decoder, context), cache, decoder.cache_shape_invariants(cache)
+        return step_decoder_fn(decoder, context), cache, rows, decoder.cache_shape_invariants(cache)
     cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
     tiled = {}  # layers may share one cross cache tensor (the memory itself): tile it once
     cross = [tiled.setdefault(id(c), tile(c)) for c in cache["cross"]]  # [B*K, ...]
-    return model_step_fn(model, tile(src_mask), cross), [tile(c) for c in cache["self"]], None
+    return model_step_fn(model, tile(src_mask), cross), [tile(c) for c in cache["self"]], None, None
 
 
 def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, return_attention: bool = False,
-                     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS, lean: bool = True) -> GreedyResult:
+                     forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS, lean: bool = True,
+                     drop_finished: float = DROP_FINISHED) -> GreedyResult:
     """Cached greedy decoding of `src_ids [batch, src_len]` (pad 0): encoder once, one token per step.
 
     `max_steps` must be ≤ `model.config.max_length` (positions 0 … max_steps-1 are fed).
     With `return_attention`, `attention` is the last decoder layer's cross-attention
     `[batch, max_steps, heads, src_len]`. `lean` (default): the steps of
-    `transformer.model.step_decoder.StepDecoder` (growing caches; not for XLA); False: the
-    model's `decode_step` with its fixed-size cache (static shapes, for XLA).
+    `transformer.model.step_decoder.StepDecoder` (growing caches, finished rows dropped as
+    `drop_finished` says; not for XLA); False: the model's `decode_step` with its fixed-size
+    cache and every row to the end (static shapes, for XLA).
     """
-    step_fn, state, invariants = _start(model, src_ids, max_steps, 1, lean)
+    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, 1, lean)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return greedy_decode(step_fn, start, state, max_steps, max_lengths=max_lengths, forbidden_ids=forbidden_ids,
-                         return_attention=return_attention, state_shape_invariants=invariants)
+                         return_attention=return_attention, state_shape_invariants=invariants, rows=rows,
+                         drop_finished=drop_finished if lean else 0.0)
 
 
 def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alpha: float = 0.6,
                    max_lengths=None, forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
-                   lean: bool = True) -> BeamResult:
-    """Beam search for `src_ids [batch, src_len]`; `lean` as in `greedy_translate`.
+                   lean: bool = True, drop_finished: float = DROP_FINISHED) -> BeamResult:
+    """Beam search for `src_ids [batch, src_len]`; `lean`, `drop_finished` as in `greedy_translate`.
 
     The encoder runs once on `batch` rows; its mask and the cross-attention keys/values are
     tiled `beam_size` times here, once, and never reordered. Only the self-attention cache
     (the state) follows the beam parents.
     """
-    step_fn, state, invariants = _start(model, src_ids, max_steps, beam_size, lean)
+    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return beam_search(step_fn, start, state, beam_size, max_steps, alpha=alpha, max_lengths=max_lengths,
-                       forbidden_ids=forbidden_ids, state_shape_invariants=invariants)
+                       forbidden_ids=forbidden_ids, state_shape_invariants=invariants, rows=rows,
+                       drop_finished=drop_finished if lean else 0.0)
 
 
 def uncached_greedy_decode(model, src_ids: tf.Tensor, max_steps, *, end_id: int = END_ID,
