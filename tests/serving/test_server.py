@@ -120,8 +120,10 @@ def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(server
     assert [r["body"] for r in flat if r["status"] != 200] == []
     for r in flat:
         assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
-    batches = server.batcher.stats["batches"] - before["batches"]
-    assert batches < 160  # requests were gathered into shared decoder calls
+    joins = server.batcher.stats["batches"] - before["batches"]
+    steps = server.batcher.stats["steps"] - before["steps"]
+    assert server.batcher.mode == "step" and joins < 160  # requests joined the decode together
+    assert (server.batcher.stats["row_steps"] - before["row_steps"]) / steps > 2  # and shared its steps
     assert server.batcher.queued == 0
 
 
