@@ -56,6 +56,16 @@ def test_rows_leave_when_they_end_and_empty_sources_translate_to_empty(translato
     assert 1 in active  # the empty rows left while the long one went on
 
 
+def test_an_ended_row_left_in_the_batch_past_max_length_does_not_disturb_the_others(translator):
+    decoder = ContinuousDecoder(translator)
+    first = "Jesus chorou e disse"
+    long = ["palavra " * 40, "Deus " * 30, "a b " * 20]  # each bounded by MAX_LENGTH tokens
+    # `first` ends first and stays (fewer than half the rows ended) while the long rows, one
+    # step younger, decode up to MAX_LENGTH steps: its column distance passes max_length.
+    out = drive(decoder, [[first], long])
+    assert [out[i] for i in range(4)] == translator.translate([first, *long])
+
+
 def test_a_rebuilt_export_decodes_as_the_export(translator, tmp_path):
     exported = load_exported(export_translator(translator, tmp_path / "export"))
     decoder = ContinuousDecoder(translator_from_saved(exported.module, exported.manifest))

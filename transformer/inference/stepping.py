@@ -13,12 +13,15 @@ new sentences that wait for the whole batch. Here the batch is re-formed at ever
     bias and output bound, as `Translator` computes them) and appends them as rows whose
     next input is [START];
   - `step` decodes one token for every row with the lean one-token step
-    (`transformer.model.step_decoder.StepDecoder`), then drops the rows that emitted [END] or
-    reached their output bound and returns their translations.
+    (`transformer.model.step_decoder.StepDecoder`) and marks the rows that emitted [END] or
+    reached their output bound as ended; their translations come back together every
+    `RETURN_EVERY` steps, and ended rows leave the batch at the next `add` or once they are
+    half of it (a gather of every cache costs about a third of a step).
 The rows share one self-attention cache `[rows, heads, columns, key_dim]` grown by one column
 per step; a row that joined at column `start` sits at position `column - start` and masks
 the columns before `start` (bias -1e9: their softmax weight is exactly 0). Columns no row
-uses any more are cut off when rows leave. The source axis of the cross-attention
+uses any more are cut off when rows leave. Reusing `StepDecoder` this way needs one hook: its
+self-attention gets that mask (`_RowMaskedStepDecoder`). The source axis of the cross-attention
 keys/values is padded to the longest active source, with the padding masked as offline.
 So every row decodes what the offline greedy translator decodes for it alone: a row's tokens
 never depend on the other rows (the tests compare them).
@@ -64,7 +67,7 @@ class ContinuousDecoder:
             output bounds are used.
 
     Attributes:
-        active: int, rows being decoded.
+        active: int, rows decoding plus ended rows whose translations are not returned yet.
         steps, row_steps: int, steps decoded and rows over all of them.
     """
 
@@ -194,7 +197,8 @@ class ContinuousDecoder:
         visible = tf.range(columns + 1)[tf.newaxis] >= start[:, tf.newaxis]  # [rows, columns + 1]
         self._decoder.self_bias = tf.where(visible, 0.0, NEG_INF)[:, tf.newaxis, tf.newaxis, :]
         context = {"weights": self._weights, "output": self._output, "cross": cross, "bias": bias}
-        logits, cache, _ = self._decoder.step(context, ids, columns - start, cache)
+        positions = tf.where(left > 0, columns - start, 0)  # an ended row, still in the batch, may be past max_length
+        logits, cache, _ = self._decoder.step(context, ids, positions, cache)
         self._decoder.self_bias = None
         forbidden = tf.reduce_any(tf.equal(tf.range(tf.shape(logits)[1])[:, tf.newaxis], list(DEFAULT_FORBIDDEN_IDS)), -1)
         next_ids = tf.argmax(tf.where(forbidden[tf.newaxis], NEG_INF, logits), axis=-1, output_type=tf.int32)
