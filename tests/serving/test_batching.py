@@ -1,5 +1,6 @@
 """Dynamic batching without a model: runs of similar length, the oldest sentence first, every
-request answered with its own translations in order (a fake `translate` records the calls)."""
+request answered with its own translations in order (a fake `translate` records the calls);
+step-level batching over a fake engine whose rows end after as many steps as they have characters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.serving.batching import LENGTH_OFFSET, DynamicBatcher, split_by_length
+from transformer.serving.batching import LENGTH_OFFSET, DynamicBatcher, StepBatcher, split_by_length
 
 
 def cost(lengths, ends, overhead):
@@ -64,3 +65,79 @@ def test_waiting_sentences_are_decoded_in_runs_of_similar_length_and_each_reques
     # holding the oldest waiting sentence ("b" * 300) goes first.
     assert calls[0] == ["a" * 5] and calls[1:] == [["b" * 300, "e" * 290, "h" * 310], ["c" * 3, "d" * 4, "f" * 6, "g" * 5]]
     assert batcher.queued == 0 and batcher.stats["batches"] == 3 and batcher.stats["answered"] == 4
+
+
+class CountingEngine:
+    """A step engine: a row of text t ends after len(t) steps (at least one) and translates to t.upper()."""
+
+    def __init__(self, fail_on=None):
+        self.rows, self.step_rows, self.added, self.fail_on = {}, [], [], fail_on
+        self.gate = threading.Event()
+        self.gate.set()
+
+    @property
+    def active(self):
+        return len(self.rows)
+
+    def add(self, texts, keys):
+        self.added.append(list(texts))
+        for text, key in zip(texts, keys):
+            self.rows[key] = [text, max(len(text), 1)]
+
+    def step(self):
+        self.gate.wait()
+        self.step_rows.append(sorted(text for text, _ in self.rows.values()))
+        if self.fail_on is not None and any(text == self.fail_on for text, _ in self.rows.values()):
+            raise RuntimeError("the model failed")
+        done = []
+        for key, row in list(self.rows.items()):
+            row[1] -= 1
+            if row[1] == 0:
+                done.append((key, self.rows.pop(key)[0].upper()))
+        return done
+
+    def reset(self):
+        self.rows.clear()
+
+    def translate(self, texts):
+        return [t.upper() for t in texts]
+
+
+def test_sentences_join_a_running_decode_between_steps_and_leave_when_they_end():
+    engine = CountingEngine()
+    batcher = StepBatcher(engine, max_batch=3, max_wait_ms=0)
+    batcher.join_every = 1  # waiting sentences join at every step
+    batcher.start().ready.wait()
+    engine.gate.clear()  # hold the first step until the others have queued
+
+    async def clients():
+        first = asyncio.ensure_future(batcher.translate(["a" * 6]))  # decoding while the others arrive
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(batcher.translate(texts)) for texts in (["bb", "c"], ["dddd", "e"])]
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        return await first, await asyncio.gather(*rest)
+
+    first, rest = asyncio.run(clients())
+    batcher.stop()
+    assert first == ["AAAAAA"] and rest == [["BB", "C"], ["DDDD", "E"]]
+    # At most max_batch rows; "aaaaaa" kept decoding while the others joined (one step after they
+    # came, as rows left) and left, each after its own number of steps: a run-based batcher
+    # would hold "c" until "bb" ended and "dddd" until "aaaaaa" ended.
+    a, d = "a" * 6, "dddd"
+    assert engine.step_rows == [[a], [a, "bb", "c"], [a, "bb", d], [a, d, "e"], [a, d], [a, d]]
+    assert engine.added == [[a], ["bb", "c"], [d], ["e"]]
+    assert batcher.queued == 0 and batcher.stats["answered"] == 3 and batcher.stats["steps"] == 6
+
+
+def test_a_failing_step_fails_the_requests_in_the_engine_and_the_batcher_keeps_serving():
+    batcher = StepBatcher(CountingEngine(fail_on="boom"), max_batch=8, max_wait_ms=0).start()
+    batcher.ready.wait()
+
+    async def clients():
+        results = await asyncio.gather(batcher.translate(["boom", "x"]), return_exceptions=True)
+        return results[0], await batcher.translate(["ok"])
+
+    failed, ok = asyncio.run(clients())
+    batcher.stop()
+    assert isinstance(failed, RuntimeError) and ok == ["OK"] and batcher.queued == 0

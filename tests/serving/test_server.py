@@ -120,8 +120,10 @@ def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(server
     assert [r["body"] for r in flat if r["status"] != 200] == []
     for r in flat:
         assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
-    batches = server.batcher.stats["batches"] - before["batches"]
-    assert batches < 160  # requests were gathered into shared decoder calls
+    joins = server.batcher.stats["batches"] - before["batches"]
+    steps = server.batcher.stats["steps"] - before["steps"]
+    assert server.batcher.mode == "step" and joins < 160  # requests joined the decode together
+    assert (server.batcher.stats["row_steps"] - before["row_steps"]) / steps > 2  # and shared its steps
     assert server.batcher.queued == 0
 
 
@@ -259,7 +261,8 @@ def test_benchmark_serving_reports_every_level_against_offline_in_one_run(export
                                                     + sorted(level["ratio_per_round"])[1] / 2)
         assert 0 < level["latency_ms"]["p50"] <= level["latency_ms"]["p95"] <= level["latency_ms"]["max"]
     one, four = out["levels"]
-    assert one["mean_batch"] <= 4 and four["batches"] < one["batches"]  # alone, a request is its own batch
+    assert one["mean_batch"] <= 4  # alone, a request joins the decode by itself
+    assert four["rows_per_step"] > one["rows_per_step"]  # 4 clients' sentences share the steps
     assert out["environment"]["cpu_model"] and len(out["load_average"]) == 3 and out["date"]
     assert "x offline" in capsys.readouterr().out
 

@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sentences", default=str(SHARED_CORPUS_DIR / "validation.pt"),
                         help="the sentences requests draw from, one per line (default the shared corpus' validation.pt)")
     parser.add_argument("--max-batch", type=int, help="the server's --max-batch (default the model's chunk_size)")
+    parser.add_argument("--batching", choices=("step", "run"), default="step",
+                        help="step: sentences join and leave a running decode between steps (greedy without XLA; "
+                             "else run); run: length-sorted runs, each decoded to its end (default step)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
     cli.add_decode_args(parser)
     args = parser.parse_args(argv)
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
     from transformer.serving.server import BatchingConfig, load_model
 
     model = load_model(args.model, cli.decode_config_from_args(args), args.checkpoint)
-    batching = BatchingConfig(args.max_batch, args.max_wait_ms).resolve(model)
+    batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching).resolve(model)
     limits = ServeLimits(max_texts=max(args.max_texts_per_request, ServeLimits.max_texts))
     report = benchmark(model, sentences, args.concurrency, args.requests, args.max_texts_per_request,
                        batching=batching, limits=limits, rounds=args.rounds)
@@ -70,13 +73,15 @@ def main(argv=None) -> int:
     atomic.write_json(args.output, report)
     offline = report["offline"]
     print(f"offline: {offline['sentences_per_s']:.1f} sentences/s ({report['sentences']} sentences, "
-          f"chunks of {offline['chunk_size']}); server --max-batch {batching.max_batch}:")
+          f"chunks of {offline['chunk_size']}); server --max-batch {batching.max_batch}, {report['batching']['used']} batching:")
     for level in report["levels"]:
         latency = level["latency_ms"]
         print(f"  {level['clients']:3d} clients: {level['sentences_per_s']:6.1f} sentences/s = "
               f"{level['vs_offline']:.2f}x offline; p50/p95/p99 {latency['p50']:.0f}/{latency['p95']:.0f}/"
               f"{latency['p99']:.0f} ms; {level['failed_requests']} failed, {level['wrong_translations']} differing "
-              f"from offline; mean batch {level['mean_batch']:.1f}")
+              f"from offline; decoder busy {level['decoder_busy']:.0%}; "
+              + (f"{level['rows_per_step']:.1f} rows per step" if level["rows_per_step"]
+                 else f"mean batch {level['mean_batch']:.1f}"))
     print(f"report: {args.output}")
     return 0
 

@@ -34,6 +34,9 @@ def main(argv=None) -> int:
                        help="most sentences per decoder call (default the model's chunk_size, as offline)")
     group.add_argument("--max-wait-ms", type=float, default=5.0,
                        help="longest a request waits for others to join its batch (default 5)")
+    group.add_argument("--batching", choices=("step", "run"), default="step",
+                        help="step: sentences join and leave a running decode between steps (greedy without XLA; "
+                             "else run); run: length-sorted runs, each decoded to its end (default step)")
     group.add_argument("--max-queue", type=int, default=1024,
                        help="most sentences waiting; beyond it 503 with Retry-After (default 1024)")
     group.add_argument("--max-texts", type=int, default=64, help="most texts per request (default 64; more: 413)")
@@ -57,7 +60,7 @@ def main(argv=None) -> int:
     from transformer.serving.app import ServeLimits
     from transformer.serving.server import BatchingConfig, bind, load_model, serve
 
-    batching = BatchingConfig(args.max_batch, args.max_wait_ms, args.max_queue)
+    batching = BatchingConfig(args.max_batch, args.max_wait_ms, args.max_queue, args.batching)
     limits = ServeLimits(args.max_texts, args.max_chars, args.max_body_bytes, args.timeout)
     sock = bind(args.host, args.port)  # a port in use fails before the model loads
     model = load_model(args.model, cli.decode_config_from_args(args), args.checkpoint)

@@ -144,7 +144,8 @@ def build_app(batcher: DynamicBatcher, info: dict, limits: ServeLimits = ServeLi
 
     async def model(request: Request):
         return JSONResponse({**info, "limits": asdict(limits),
-                             "batching": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
+                             "batching": {"mode": batcher.mode,
+                                          "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
                                           "max_queue": batcher.max_queue}})
 
     async def page(request: Request):

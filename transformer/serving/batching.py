@@ -1,13 +1,20 @@
 """Dynamic batching: sentences from many clients decoded together on one thread.
 
-    batcher = DynamicBatcher(translate, max_batch=128, max_wait_ms=5, max_queue=1024)
+    batcher = StepBatcher(engine, max_batch=128, max_wait_ms=5, max_queue=1024)   # step-level
+    batcher = DynamicBatcher(translate, max_batch=128, max_wait_ms=5)              # whole runs
     batcher.start(warmup=["Olá."])                # the decoding thread; warms up, then ready
     await batcher.translate(["olá", "bom dia"], timeout_s=30)   # from the event loop
 
-Greedy decoding of a batch runs until its longest sentence ends, every row paying each step,
-so in a batch of mixed lengths the short sentences pay for the long one: offline, the
-translator sorts a file by length first. The decoding thread does the same with what is
-waiting (continuous batching of queued sentences, not of decoder steps). Each turn it
+`StepBatcher` (the server's default for greedy models without XLA) drives a step engine
+(`transformer.inference.stepping.ContinuousDecoder`): waiting sentences join the running
+decode between steps and each leaves when it ends, so no sentence waits for a longer one or
+for a batch to finish (see the class).
+
+`DynamicBatcher` decodes whole runs with one `translate` call each. Greedy decoding of a
+batch runs until its longest sentence ends, every row paying each step, so in a batch of mixed
+lengths the short sentences pay for the long one: offline, the translator sorts a file by
+length first. The decoding thread does the same with what is waiting (continuous batching of
+queued sentences). Each turn it
   1. waits for company: until `max_batch` sentences wait or `max_wait_ms` have passed since
      the oldest waiting request arrived or, if later, since the last run was answered (its
      clients' next requests arrive within milliseconds, and join this turn);
@@ -39,9 +46,17 @@ class Stopped(Exception):
 
 
 # Per decoder step, a batch costs about (rows + STEP_OVERHEAD_ROWS) rows' work: measured on the
-# 2-core Xeon (amx_bf16), 2026-11-24, float32 export of the default recipe, one 21-step sentence
-# repeated: 3.1 ms per step for 1 row, 6.5 for 16, 14.9 for 64, 26.9 for 128 (≈ 2.8 + 0.19 × rows).
-STEP_OVERHEAD_ROWS = 15.0
+# 2-core Xeon (amx_bf16), 2026-11-24, float32 export of the default recipe with the lean step,
+# one export call on N copies of a 38-step sentence: 3.95 ms per step for 8 rows, 5.47 for 25,
+# 6.96 for 40, 9.34 for 64, 16.65 for 128 (≈ 3.1 + 0.106 × rows). (The step before the lean
+# one: 2.8 + 0.19 × rows, 15 rows.)
+STEP_OVERHEAD_ROWS = 29.0
+# While the engine decodes, waiting sentences join every this many steps: a join (tokenize,
+# encode, grow the batch) costs about one step, so joining every step for the one or two
+# sentences that arrived spends a tenth of the time on joins. Measured (Xeon amx_bf16,
+# 2026-11-24, 16 clients, float32 export of the default recipe): every 1 / 3 / 6 steps 0.49 /
+# 0.54 / 0.56 of the offline figure, p95 1.01 / 0.94 / 0.91 s.
+JOIN_EVERY_STEPS = 4
 LENGTH_OFFSET = 8  # characters standing for [END] and the decoder's fixed steps
 
 
@@ -93,6 +108,8 @@ class DynamicBatcher:
         max_wait_ms: float. Longest a turn waits for more sentences (see the module). Defaults to 5.
         max_queue: int. Most sentences accepted and not yet answered; beyond it `QueueFull`.
     """
+
+    mode = "run"
 
     def __init__(self, translate: Callable[[list], list], max_batch: int = 32, max_wait_ms: float = 5.0,
                  max_queue: int = 1024):
@@ -187,28 +204,38 @@ class DynamicBatcher:
             if run:
                 self._decode(run)
 
-    def _next_run(self) -> Optional[list[tuple[_Job, int]]]:
-        """The next sentences to decode together ([] if every waiting one was cancelled; None: stop)."""
+    def _gather(self, busy: int = 0, after: float = 0.0) -> bool:
+        """Waits for sentences, then moves every submitted one into the pool (dropping timed-out
+        requests); False once stopping with nothing left. Until `max_batch` sentences wait (with
+        `busy` already being decoded), it waits at most `max_wait_s` after the oldest arrived or,
+        if later, after `after`; with `busy` rows it does not wait at all."""
         with self._cond:
-            while not self._jobs and not self._pool:
+            while not self._jobs and not self._pool and not busy:
                 if self._stopping:
-                    return None
+                    return False
                 self._cond.wait()
-            oldest = self._pool[0][0] if self._pool else self._jobs[0]
-            # Also wait after a run: its clients' next requests come back within milliseconds.
-            deadline = max(oldest.arrived, self._last_run_end) + self.max_wait_s
-            while len(self._pool) + sum(len(job.texts) for job in self._jobs) < self.max_batch and not self._stopping:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+            if not busy and (self._jobs or self._pool):
+                oldest = self._pool[0][0] if self._pool else self._jobs[0]
+                deadline = max(oldest.arrived, after) + self.max_wait_s
+                while len(self._pool) + sum(len(job.texts) for job in self._jobs) < self.max_batch and not self._stopping:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
             while self._jobs:
                 job = self._jobs.popleft()
                 self._pool += [(job, i) for i in range(len(job.texts))]
             for job in {job for job, _ in self._pool if job.cancelled and not job.finished}:  # timed out: dropped
                 self._finish(job)
-        # The pool is the decoding thread's own: plan outside the lock.
+        # The pool is the decoding thread's own: planning needs no lock.
         self._pool = [(job, i) for job, i in self._pool if not job.finished]
+        return True
+
+    def _next_run(self) -> Optional[list[tuple[_Job, int]]]:
+        """The next sentences to decode together ([] if every waiting one was cancelled; None: stop)."""
+        # Also wait after a run: its clients' next requests come back within milliseconds.
+        if not self._gather(after=self._last_run_end):
+            return None
         if not self._pool:
             return []
         window = self._pool[:4 * self.max_batch]  # bounds the planning work
@@ -236,7 +263,7 @@ class DynamicBatcher:
 
     def _decode(self, run: list[tuple[_Job, int]]) -> None:
         texts = [job.texts[i] for job, i in run]
-        error = None
+        error, translations = None, []
         started = time.perf_counter()
         try:
             translations = self._translate(texts)
@@ -244,14 +271,20 @@ class DynamicBatcher:
                 raise RuntimeError(f"the model returned {len(translations)} translations for {len(texts)} sentences")
         except Exception as err:  # every request of the run gets the error (HTTP 500)
             error = err
-        elapsed = time.perf_counter() - started
-        answers = []
         with self._cond:
             self.stats["batches"] += 1
-            self.stats["sentences"] += len(texts)
-            self.stats["decode_s"] += elapsed
-            for k, (job, i) in enumerate(run):
-                if job.finished:  # failed earlier in this run
+            self.stats["decode_s"] += time.perf_counter() - started
+        self._answer(run, translations, error)
+        self._last_run_end = time.monotonic()
+
+    def _answer(self, items: list[tuple[_Job, int]], translations: list, error: Optional[BaseException] = None) -> None:
+        """Stores the translations of `items` ((job, index) each) and answers every request now
+        complete; with `error`, every request of `items` gets it instead."""
+        answers = []
+        with self._cond:
+            self.stats["sentences"] += len(items)
+            for k, (job, i) in enumerate(items):
+                if job.finished:  # failed earlier, or timed out and dropped
                     continue
                 if error is None:
                     job.translations[i] = translations[k]
@@ -265,4 +298,72 @@ class DynamicBatcher:
                 self._pool = [(job, i) for job, i in self._pool if not job.finished]
         for job in answers:
             job.done(None if error is not None else job.translations, error)
-        self._last_run_end = time.monotonic()
+
+
+class StepBatcher(DynamicBatcher):
+    """Step-level continuous batching: sentences join a running decode between its steps.
+
+    `engine` decodes one token for each of its active rows per `step` (e.g.
+    `transformer.inference.stepping.ContinuousDecoder`). The decoding thread loops: move the
+    waiting sentences into the engine (oldest first, up to `max_batch` rows in all), decode one
+    step, answer every request whose sentences have all finished. While the engine has rows
+    waiting sentences join every `JOIN_EVERY_STEPS` steps; when it is idle, the first sentences
+    wait as in `DynamicBatcher` (until `max_batch` sentences or `max_wait_ms` after the oldest
+    arrived).
+    A row costs only its own steps: it leaves as soon as it ends, and a new sentence starts at
+    the next step instead of after the longest row of a batch.
+
+    Args:
+        engine: has `add(texts, keys)`, `step() → [(key, translation)]` of the rows that ended,
+            `active` (rows being decoded), `reset()` (drop every row) and `translate(texts)`
+            (warm-up).
+        max_batch, max_wait_ms, max_queue: as in `DynamicBatcher`; `max_batch` bounds the rows.
+    """
+
+    mode = "step"
+
+    def __init__(self, engine, max_batch: int = 32, max_wait_ms: float = 5.0, max_queue: int = 1024):
+        super().__init__(engine.translate, max_batch, max_wait_ms, max_queue)
+        self._engine = engine
+        self._keys = 0  # the next row's key
+        self.join_every = JOIN_EVERY_STEPS
+        self.stats.update(steps=0, row_steps=0)
+
+    def _run(self, warmup: list) -> None:
+        try:
+            if warmup:
+                self._engine.translate(warmup)
+        except Exception as err:  # the server reports it on /health
+            self.warmup_error = err
+            self._engine.reset()
+        self.ready.set()
+        rows: dict = {}  # key → (job, index) of every sentence in the engine
+        since_join = 0  # steps since sentences last joined
+        while self._gather(busy=len(rows)):
+            since_join += 1
+            room = self.max_batch - len(rows) if not rows or since_join >= self.join_every else 0
+            since_join = 0 if room and self._pool else since_join
+            joining, self._pool = self._pool[:room], self._pool[room:]
+            started = time.perf_counter()
+            try:
+                if joining:
+                    keys = list(range(self._keys, self._keys + len(joining)))
+                    self._keys += len(joining)
+                    self._engine.add([job.texts[i] for job, i in joining], keys)
+                    rows.update(zip(keys, joining))
+                    with self._cond:
+                        self.stats["batches"] += 1
+                finished = self._engine.step() if rows else []
+                active = len(rows)
+            except Exception as err:  # every sentence in the engine gets the error (HTTP 500)
+                self._engine.reset()
+                failed = list(rows.values()) + [item for item in joining if item not in rows.values()]
+                rows.clear()
+                self._answer(failed, [], err)
+                continue
+            with self._cond:
+                self.stats["decode_s"] += time.perf_counter() - started
+                self.stats["steps"] += active > 0
+                self.stats["row_steps"] += active
+            if finished:
+                self._answer([rows.pop(key) for key, _ in finished], [text for _, text in finished])

@@ -11,7 +11,8 @@ each sorted by source length and decoded in chunks of the model's `chunk_size`, 
 the server's default `--max-batch`). Each round times the offline run, then every level, back
 to back; the report gives, per level, sentences/s (median over rounds) and its ratio to the
 same round's offline figure, latency percentiles over every request, failed requests, and
-responses that differ from the offline translation of their own input.
+responses that differ from the offline translation of their own input, the decoding thread's
+busy fraction and, with step-level batching, decoder steps and rows per step.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ def benchmark(model: ServedModel, sentences: Sequence[str], concurrency: Sequenc
                 level["rates"].append(rate)
                 level["ratios"].append(rate / offline_rate)
                 level["results"] += [r for client in run["results"] for r in client]
-                level["batches"] += server.batcher.stats["batches"] - before["batches"]
-                level["sentences"] += server.batcher.stats["sentences"] - before["sentences"]
+                for key in ("batches", "sentences", "steps", "row_steps", "decode_s"):
+                    level[key] = level.get(key, 0) + server.batcher.stats.get(key, 0) - before.get(key, 0)
+                level["wall_s"] = level.get("wall_s", 0) + run["wall_s"]
 
     def summary(clients: int, level: dict) -> dict:
         flat = level["results"]
@@ -135,13 +137,16 @@ def benchmark(model: ServedModel, sentences: Sequence[str], concurrency: Sequenc
                 "ratio_per_round": level["ratios"], "requests": len(flat), "failed_requests": len(failed),
                 "wrong_translations": len(wrong), "batches": level["batches"],
                 "mean_batch": level["sentences"] / max(level["batches"], 1),
+                "decoder_busy": level["decode_s"] / level["wall_s"],
+                "steps": level["steps"], "rows_per_step": level["row_steps"] / level["steps"] if level["steps"] else None,
                 "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
                                "p99": percentile(latencies, 99), "max": max(latencies)},
                 "errors": sorted({json.dumps(r["body"])[:200] for r in failed})[:5]}
 
     return {
         "requests": requests, "sentences": len(texts), "max_texts_per_request": max_texts_per_request,
-        "rounds": rounds, "batching": asdict(batching), "limits": asdict(limits), "model": model.info,
+        "rounds": rounds, "batching": {**asdict(batching), "used": server.batcher.mode},
+        "limits": asdict(limits), "model": model.info,
         "offline": {"sentences_per_s": percentile(offline_rates, 50), "per_round": offline_rates,
                     "chunk_size": model.info.get("decode", {}).get("chunk_size"),
                     "how": "transformer-translate --file: blocks of 1024 lines, each sorted by source length "

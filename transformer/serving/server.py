@@ -11,6 +11,7 @@ request already accepted finish (its batch is decoded), then returns: the proces
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -29,17 +30,19 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from transformer.base.config import DecodeConfig
 from transformer.base.errors import InputError
 from transformer.serving.app import ServeLimits, build_app
-from transformer.serving.batching import DynamicBatcher
+from transformer.serving.batching import DynamicBatcher, StepBatcher
 
 WARMUP = ("Olá.", "No princípio, Deus criou os céus e a terra.", "")
 
 
 @dataclass
 class ServedModel:
-    """What the server needs of a model: `translate` (list → list of str) and its description."""
+    """What the server needs of a model: `translate` (list → list of str), its description, and
+    `engine` (None, or a callable making a step-level decoder for `StepBatcher`: greedy without XLA)."""
 
     translate: Callable[[list], list]
     info: dict = field(default_factory=dict)
+    engine: Optional[Callable[[], object]] = None
 
 
 def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoint: str = "latest") -> ServedModel:
@@ -48,6 +51,11 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
 
     translator = open_translator(path, decode, checkpoint)
     path = Path(path)
+    exported = isinstance(translator, ExportedTranslator)
+    steppable = translator.manifest.get("decode", {}) if exported else translator.config.to_dict()
+    engine = None
+    if steppable.get("beam_size", 1) == 1 and not steppable.get("jit_compile", False):
+        engine = functools.partial(_continuous_decoder, translator)
     if isinstance(translator, ExportedTranslator):
         manifest = translator.manifest
         dtypes = sorted({v.dtype.name for v in translator.serving.variables if v.dtype.is_floating})
@@ -64,7 +72,17 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
     model_config = info["model_config"]
     info = {"name": path.resolve().name, "path": str(path.resolve()), **info,
             "vocabulary": {"source": model_config.get("src_vocab_size"), "target": model_config.get("tgt_vocab_size")}}
-    return ServedModel(translator.translate, info)
+    return ServedModel(translator.translate, info, engine)
+
+
+def _continuous_decoder(translator):
+    """A `ContinuousDecoder` over `translator` (a `Translator`, or an export's rebuilt weights)."""
+    from transformer.inference.export import ExportedTranslator
+    from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
+
+    if isinstance(translator, ExportedTranslator):
+        translator = translator_from_saved(translator.module, translator.manifest)
+    return ContinuousDecoder(translator)
 
 
 @dataclass(frozen=True)
@@ -72,11 +90,19 @@ class BatchingConfig:
     """How requests are gathered into decoder calls (see transformer/serving/batching.py).
 
     max_batch None: the model's `chunk_size`, the batch the offline translator decodes.
+    mode "step": sentences join and leave a running decode between steps (`StepBatcher`; greedy
+    models without XLA, others fall back to "run"); "run": length-sorted runs of the waiting
+    sentences, each decoded to its end in one translator call (`DynamicBatcher`).
     """
 
     max_batch: Optional[int] = None
     max_wait_ms: float = 5.0
     max_queue: int = 1024
+    mode: str = "step"
+
+    def __post_init__(self):
+        if self.mode not in BATCHING_MODES:
+            raise ValueError(f"batching mode must be one of {', '.join(BATCHING_MODES)}, got {self.mode!r}")
 
     def resolve(self, model: ServedModel) -> "BatchingConfig":
         """This config with `max_batch` set (the model's chunk_size where None)."""
@@ -86,12 +112,16 @@ class BatchingConfig:
 
 
 DEFAULT_MAX_BATCH = 32  # for an export without a decode config
+BATCHING_MODES = ("step", "run")
 
 
 def make_app(model: ServedModel, batching: BatchingConfig = BatchingConfig(), limits: ServeLimits = ServeLimits()):
     """(Starlette app, its DynamicBatcher) for `model`."""
     batching = batching.resolve(model)
-    batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue)
+    if batching.mode == "step" and model.engine is not None:
+        batcher = StepBatcher(model.engine(), batching.max_batch, batching.max_wait_ms, batching.max_queue)
+    else:
+        batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue)
     return build_app(batcher, model.info, limits, warmup=WARMUP), batcher
 
 
