@@ -56,7 +56,7 @@ def offline(export):
 
 @pytest.fixture(scope="module")
 def server(model):
-    with ServerThread(model, BatchingConfig(max_batch=16, max_wait_ms=5)) as running:
+    with ServerThread(model, BatchingConfig(max_batch=16, max_wait_ms=5, mode="step")) as running:
         yield running
 
 
@@ -249,7 +249,8 @@ def test_benchmark_serving_reports_every_level_against_offline_in_one_run(export
     sentences, report = tmp_path / "sentences.pt", tmp_path / "report.json"
     sentences.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     assert script_main("benchmark_serving")([str(export), "--output", str(report), "--concurrency", "1", "4",
-                                             "--requests", "12", "--sentences", str(sentences), "--rounds", "2"]) == 0
+                                             "--requests", "12", "--sentences", str(sentences), "--rounds", "2",
+                                             "--batching", "step"]) == 0
     out = json.loads(report.read_text())
     assert out["requests"] == 12 and out["sentences"] >= 12 and out["batching"]["max_batch"] == 8  # the chunk_size
     assert out["offline"]["chunk_size"] == 8 and len(out["offline"]["per_round"]) == 2

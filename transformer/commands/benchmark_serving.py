@@ -39,9 +39,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sentences", default=str(SHARED_CORPUS_DIR / "validation.pt"),
                         help="the sentences requests draw from, one per line (default the shared corpus' validation.pt)")
     parser.add_argument("--max-batch", type=int, help="the server's --max-batch (default the model's chunk_size)")
-    parser.add_argument("--batching", choices=("step", "run"), default="step",
+    parser.add_argument("--batching", choices=("step", "run"), default="run",
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
-                             "else run); run: length-sorted runs, each decoded to its end (default step)")
+                             "else run); run: length-sorted runs, each decoded to its end (default run)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
     cli.add_decode_args(parser)
     args = parser.parse_args(argv)

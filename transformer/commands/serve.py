@@ -34,9 +34,9 @@ def main(argv=None) -> int:
                        help="most sentences per decoder call (default the model's chunk_size, as offline)")
     group.add_argument("--max-wait-ms", type=float, default=5.0,
                        help="longest a request waits for others to join its batch (default 5)")
-    group.add_argument("--batching", choices=("step", "run"), default="step",
+    group.add_argument("--batching", choices=("step", "run"), default="run",
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
-                             "else run); run: length-sorted runs, each decoded to its end (default step)")
+                             "else run); run: length-sorted runs, each decoded to its end (default run)")
     group.add_argument("--max-queue", type=int, default=1024,
                        help="most sentences waiting; beyond it 503 with Retry-After (default 1024)")
     group.add_argument("--max-texts", type=int, default=64, help="most texts per request (default 64; more: 413)")

@@ -5,7 +5,7 @@
     batcher.start(warmup=["Olá."])                # the decoding thread; warms up, then ready
     await batcher.translate(["olá", "bom dia"], timeout_s=30)   # from the event loop
 
-`StepBatcher` (the server's default for greedy models without XLA) drives a step engine
+`StepBatcher` (`--batching step`, greedy models without XLA) drives a step engine
 (`transformer.inference.stepping.ContinuousDecoder`): waiting sentences join the running
 decode between steps and each leaves when it ends, so no sentence waits for a longer one or
 for a batch to finish (see the class).

@@ -98,7 +98,7 @@ class BatchingConfig:
     max_batch: Optional[int] = None
     max_wait_ms: float = 5.0
     max_queue: int = 1024
-    mode: str = "step"
+    mode: str = "run"
 
     def __post_init__(self):
         if self.mode not in BATCHING_MODES:
