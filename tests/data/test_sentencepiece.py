@@ -4,14 +4,12 @@ change from pass to pass but detokenize to the same text, deterministic evaluati
 and the SavedModel in a fresh process with tensorflow + tensorflow_text only."""
 
 import json
-import os
-import subprocess
-import sys
 import unicodedata
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers_process import run_without_project
 from helpers_translation import shared_tokenizers
 
 from transformer.base.config import PipelineConfig
@@ -148,12 +146,7 @@ def test_saved_model_in_a_fresh_process_tokenizes_each_language_with_its_own_mod
         "print(json.dumps({'src': src.to_list(), 'tgt': tgt.to_list(), 'text': module.src.detokenize(src).numpy()[0].decode(),\n"
         "                  'transformer': any(m.startswith('transformer') for m in sys.modules)}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    result = subprocess.run([sys.executable, "-c", script, str(directory), sentence], cwd=directory.parent, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = json.loads(result.stdout.strip().splitlines()[-1])
+    output = run_without_project(script, str(directory), sentence, cwd=directory.parent)
     assert output["src"] == tokenizers.src.tokenize([sentence]).to_list()
     assert output["tgt"] == tokenizers.tgt.tokenize([sentence]).to_list()
     assert output["src"] != output["tgt"]  # a Portuguese sentence: the English model segments it otherwise

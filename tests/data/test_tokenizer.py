@@ -3,15 +3,13 @@ the SavedModel in a fresh process, directory keys and incomplete directories."""
 
 import collections
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import unicodedata
 
 import numpy as np
 import pytest
+from helpers_process import run_without_project
 
 from transformer.base.config import DataConfig, TokenizerConfig
 from transformer.base.constants import END_ID, PAD_ID, RESERVED_TOKENS, START_ID, UNK_ID
@@ -90,14 +88,7 @@ def test_saved_model_reloads_in_a_fresh_process(bible_tokenizers, tmp_path):
         "print(json.dumps({'text': text, 'tokens': tokens,\n"
         "                  'transformer': any(m.startswith('transformer') for m in sys.modules)}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(bible_tokenizers.directory), json.dumps(ids.tolist())],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = json.loads(result.stdout.strip().splitlines()[-1])
+    output = run_without_project(script, str(bible_tokenizers.directory), json.dumps(ids.tolist()), cwd=tmp_path)
     assert output["text"] == expected
     assert output["tokens"] == bible_tokenizers.tokenizers.src.tokenize(["Olá, mundo."]).to_list()
     assert output["transformer"] is False

@@ -21,6 +21,14 @@ def padded_sources():
     return rows, tf.constant([r + [PAD_ID] * (width - len(r)) for r in rows], tf.int32)
 
 
+def by_drop_fraction(decode, fractions) -> dict:
+    """{fraction: graph-mode `decode(src, max_lengths, drop_finished=fraction)`} for `padded_sources`
+    rows and int32 `[batch]` limits."""
+    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
+    return {fraction: tf.function(lambda s, n, fraction=fraction: decode(s, n, drop_finished=fraction),
+                                  input_signature=spec) for fraction in fractions}
+
+
 def pad_to(ids: np.ndarray, width: int) -> np.ndarray:
     return np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
 
@@ -128,10 +136,8 @@ def test_rows_of_very_different_lengths_get_their_single_row_results(head_width)
     rows, src = padded_sources()
     rows, src = rows * 2, tf.concat([src, src], 0)
     limits = tf.constant([1, 20, 3, 12, 6, 2])
-    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
-    run = {fraction: tf.function(lambda s, n, fraction=fraction: decoding.greedy_translate(
-        model, s, MAX_STEPS, max_lengths=n, drop_finished=fraction), input_signature=spec)
-        for fraction in (0.0, 0.75, 0.95)}
+    run = by_drop_fraction(lambda s, n, drop_finished: decoding.greedy_translate(
+        model, s, MAX_STEPS, max_lengths=n, drop_finished=drop_finished), (0.0, 0.75, 0.95))
     kept = run[0.0](src, limits)
     for fraction in (0.75, 0.95):
         batch = run[fraction](src, limits)
@@ -291,10 +297,8 @@ def test_beam_search_dropping_stopped_sentences_changes_no_result(head_width):
     rows, src = padded_sources()
     rows, src = rows * 2, tf.concat([src, src], 0)
     limits = tf.constant([20, 1, 4, 12, 2, 7])
-    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
-    run = {fraction: tf.function(lambda s, n, fraction=fraction: decoding.beam_translate(
-        model, s, 3, MAX_STEPS, alpha=0.6, max_lengths=n, drop_finished=fraction), input_signature=spec)
-        for fraction in (0.0, 0.75)}
+    run = by_drop_fraction(lambda s, n, drop_finished: decoding.beam_translate(
+        model, s, 3, MAX_STEPS, alpha=0.6, max_lengths=n, drop_finished=drop_finished), (0.0, 0.75))
     kept, dropped = run[0.0](src, limits), run[0.75](src, limits)
     for field in ("ids", "lengths"):
         np.testing.assert_array_equal(getattr(dropped, field).numpy(), getattr(kept, field).numpy(), err_msg=field)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from helpers_process import run_without_project
 from helpers_translation import BAD_INPUTS, tiny_translator
 
 from transformer.inference.export import export_translator, load_exported
@@ -52,10 +53,7 @@ def exported(tmp_path_factory):
 def test_fresh_process_with_only_tensorflow_loads_and_matches(exported):
     translator, path = exported
     expected = translator.translate(SENTENCES)
-    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(path)], input=_to_json(SENTENCES),
-                            capture_output=True, text=True, timeout=600, cwd=path.parent, env=_clean_env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out = run_without_project(FRESH_PROCESS, str(path), cwd=path.parent, stdin=_to_json(SENTENCES), timeout=600)
     assert out["keys"] == ["translations"]
     assert out["translations"] == expected
     assert len(out["translations"]) == len(SENTENCES)
@@ -129,7 +127,5 @@ def test_sentencepiece_export_is_deterministic_and_matches_in_a_fresh_process(tm
     expected = translator.translate(SENTENCES)
     assert translator.translate(SENTENCES) == expected
     assert load_exported(path).translate(SENTENCES) == expected
-    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(path)], input=_to_json(SENTENCES),
-                            capture_output=True, text=True, timeout=600, cwd=path.parent, env=_clean_env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1])["translations"] == expected
+    out = run_without_project(FRESH_PROCESS, str(path), cwd=path.parent, stdin=_to_json(SENTENCES), timeout=600)
+    assert out["translations"] == expected
