@@ -26,14 +26,26 @@ def test_breakdown_parts_add_up(head_width):
     assert [int(c.shape[0]) for c in chunks] == [2, 2, 1]  # the empty sentence is not decoded
     breakdown = decode_time_breakdown(translator, SENTENCES, repeats=1)
     seconds = breakdown["seconds"]
-    for part in ("tokenize", "encoder", "decoder_steps", "projection", "cache_update", "detokenize", "decode_loop"):
+    for part in ("tokenize", "encoder", "decoder_steps", "projection", "cache_update", "selection", "detokenize",
+                 "decode_loop"):
         assert seconds[part] > 0, part
     assert breakdown["steps"] > 0 and breakdown["chunks"] == 3
     assert abs(sum(breakdown["share"].values()) - 1) < 0.01
-    assert "| loop_overhead |" in format_breakdown(breakdown)
+    assert "| loop_overhead |" in format_breakdown(breakdown) and "cache_reorder" not in breakdown["share"]
 
 
-def test_breakdown_refuses_xla_and_beam():
+def test_beam_breakdown_times_the_reorder_and_runs_longer_steps():
+    """Beam search: the parts add up, the cache reorder is timed, and its steps (rows × 3) cost
+    more than greedy's on the same chunks."""
+    greedy = decode_time_breakdown(tiny_translator(DecodeConfig(chunk_size=2)), SENTENCES, repeats=2)
+    beam = decode_time_breakdown(tiny_translator(DecodeConfig(chunk_size=2, beam_size=3)), SENTENCES, repeats=2)
+    assert beam["beam_size"] == 3 and beam["seconds"]["cache_reorder"] > 0
+    assert abs(sum(beam["share"].values()) - 1) < 0.01
+    assert "| cache_reorder |" in format_breakdown(beam)
+    assert beam["steps"] >= greedy["steps"] > 0
+
+
+def test_breakdown_refuses_xla():
     with pytest.raises(ValueError, match="without XLA"):
         decode_time_breakdown(tiny_translator(DecodeConfig(jit_compile=True)), SENTENCES)
 
@@ -51,3 +63,8 @@ def test_benchmark_decoding_profile_command(tiny_run, tmp_path, capsys):
     assert report["steps"] > 0 and report["machine"]["cpu"] and "| decoder_layers |" in capsys.readouterr().out
     assert script_main("benchmark_decoding")(argv + ["--compare", "ctranslate2"]) == 2
     assert "error: --compare and --profile" in capsys.readouterr().err
+    assert script_main("benchmark_decoding")(argv + ["--beam", "2", "--dtype", "bfloat16"]) == 0
+    report = json.loads(output.read_text())
+    assert report["beam_size"] == 2 and report["dtype"] == "bfloat16" and "| cache_reorder |" in capsys.readouterr().out
+    assert script_main("benchmark_decoding")([a for a in argv if a != "--profile"] + ["--beam", "2"]) == 2
+    assert "error: --beam" in capsys.readouterr().err

@@ -190,6 +190,40 @@ def test_beam_hypotheses_sorted_by_penalised_score_and_batch_independent():
         np.testing.assert_allclose(alone.scores.numpy()[0], scores[i], rtol=1e-4, atol=1e-5)
 
 
+def test_beam_candidates_equal_top_k_of_log_softmax():
+    """Ranking the raw logits and normalising only the k chosen gives top_k(log_softmax):
+    the same tokens in the same order (ties included) and the same log-probabilities."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 4, size=(6, 300)).astype(np.float32)
+    logits[1, [7, 9, 200]] = logits[1].max() + 1.0  # a three-way tie for first place
+    logits[2, :] = 0.5  # all equal
+    logits[3, 10:] = decoding.NEG_INF  # forbidden-masked entries
+    logits[4] *= 30.0  # a peaked row
+    logits = decoding._mask_forbidden(tf.constant(logits), decoding.DEFAULT_FORBIDDEN_IDS)
+    expected_log_probs, expected_tokens = tf.math.top_k(tf.nn.log_softmax(logits), k=4)
+    log_probs, tokens = decoding._beam_candidates(logits, 4)
+    np.testing.assert_array_equal(tokens.numpy(), expected_tokens.numpy())
+    allowed = [i for i in range(10) if i not in decoding.DEFAULT_FORBIDDEN_IDS]
+    assert tokens.numpy()[1, :3].tolist() == [7, 9, 200] and tokens.numpy()[2].tolist() == allowed[:4]
+    np.testing.assert_allclose(log_probs.numpy(), expected_log_probs.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_lean_beam_with_untiled_source_equals_fixed_cache_beam(head_width):
+    """The lean beam search (cross-attention keys/values and source bias once per sentence, a
+    sentence's hypotheses attending together) finds the hypotheses of the fixed-size-cache
+    search, which tiles the source per hypothesis."""
+    for seed in (4, 12):
+        model = tiny_model(seed=seed, head_width=head_width)
+        _, src = padded_sources()
+        limits = tf.constant([12, 6, 20])
+        lean, fixed = (tf.function(lambda s, lean=lean: decoding.beam_translate(
+            model, s, 4, MAX_STEPS, alpha=0.6, max_lengths=limits, lean=lean))(src) for lean in (True, False))
+        np.testing.assert_array_equal(lean.ids.numpy(), fixed.ids.numpy())
+        np.testing.assert_array_equal(lean.lengths.numpy(), fixed.lengths.numpy())
+        np.testing.assert_allclose(lean.scores.numpy(), fixed.scores.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def step_dependent_fn(vocab=5):
     """Token probabilities by position, whatever the prefix:
     step 0: [END] .4, a .6; step 1: a .5, [END] .5; step ≥ 2: [END] ≈ 1.

@@ -62,3 +62,29 @@ def test_bfloat16_step_stays_close_and_returns_float32_logits():
     scale = np.abs(full[real]).max()
     assert np.abs(logits[real] - full[real]).max() < 0.05 * scale  # bfloat16 rounding, not another function
     keras.backend.clear_session()
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_hypotheses_attending_per_source_row_equal_tiled_rows(head_width):
+    """`group` hypotheses per source row over untiled cross-attention keys/values (beam search)
+    give the logits and cross-attention of the same rows with the source tiled per hypothesis."""
+    config = dataclasses.replace(TINY_MODEL, head_width=head_width)
+    model = build(config, seed=11)
+    src, tgt = random_ids(config)
+    group = 3
+    decoder = StepDecoder(model)
+    memory, src_mask = model.encode(src)
+    context, cache = decoder.start(memory, src_mask)
+    tiled = {**context, "cross": tf.nest.map_structure(lambda x: tf.repeat(x, group, axis=0), context["cross"]),
+             "bias": tf.repeat(context["bias"], group, axis=0)}
+    tile = lambda x: tf.repeat(x, group, axis=0)  # noqa: E731
+    ids = tf.constant(np.repeat(tgt, group, axis=0))  # [B·G, T]
+    ids = tf.tensor_scatter_nd_update(ids, [[1, 1], [4, 2]], [5, 6])  # hypotheses of a sentence differ
+    grouped_cache = alone_cache = tf.nest.map_structure(tile, cache)
+    for index in range(4):
+        grouped, grouped_cache, grouped_scores = decoder.step(context, ids[:, index], tf.constant(index),
+                                                              grouped_cache, group)
+        alone, alone_cache, alone_scores = decoder.step(tiled, ids[:, index], tf.constant(index), alone_cache)
+        np.testing.assert_allclose(grouped.numpy(), alone.numpy(), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(grouped_scores.numpy(), alone_scores.numpy(), atol=1e-6, rtol=0)
+    assert not np.allclose(grouped.numpy()[0], grouped.numpy()[1])  # different hypotheses, different logits

@@ -67,13 +67,20 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="CTranslate2 threads per translation with --compare (default: all cores)")
     parser.add_argument("--profile", action="store_true",
-                        help="instead, break our greedy decoding's time down (tokenize, encoder, decoder layers, "
-                             "projection, cache updates, loop overhead, detokenize; without XLA) into "
-                             "<run>/decoding_profile.json")
+                        help="instead, break our decoding's time down (tokenize, encoder, decoder layers, "
+                             "projection, cache updates, token selection, beam cache reorder, loop overhead, "
+                             "detokenize; without XLA) into <run>/decoding_profile.json")
+    parser.add_argument("--beam", type=int, default=1, help="with --profile: beam size (default 1: greedy)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="with --profile: the model's weights and compute (as `export.py --dtype`; default float32)")
     args = parser.parse_args(argv)
     cli.start()
     if args.compare and args.profile:
         raise ConfigError("--compare and --profile: choose one")
+    if not args.profile and (args.beam != 1 or args.dtype != "float32"):
+        raise ConfigError(f"--beam {args.beam} --dtype {args.dtype}: given with --profile only")
+    if args.beam < 1:
+        raise ConfigError(f"--beam {args.beam}: must be >= 1")
     if args.compare:
         return _compare(args, argv)
     if args.profile:
@@ -133,7 +140,7 @@ def _machine(tf) -> dict:
 
 
 def _profile(args, argv) -> int:
-    """--profile: the time breakdown of our greedy decoding (transformer/inference/decode_profile.py)."""
+    """--profile: the time breakdown of our decoding (transformer/inference/decode_profile.py)."""
     import tensorflow as tf
 
     from transformer.data.corpora import load_split
@@ -142,10 +149,12 @@ def _profile(args, argv) -> int:
     from transformer.inference.rundir import translator_from_run
 
     sources, _ = load_split(data_dir=args.data, split=args.split, limit=args.limit)
-    translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size), args.checkpoint)
+    translator = translator_from_run(args.run, DecodeConfig(chunk_size=args.chunk_size, beam_size=args.beam),
+                                     args.checkpoint, dtype=args.dtype)
     started = time.perf_counter()
     report = decode_time_breakdown(translator, sources, repeats=max(args.repeats, 1))
     report.update(_provenance(args, argv, tf, started))
+    report["dtype"] = args.dtype
     report.update({
         "model": {k: getattr(translator.model.config, k) for k in translator.model.config.__dataclass_fields__},
         "table": format_breakdown(report),

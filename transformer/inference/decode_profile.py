@@ -1,27 +1,34 @@
-"""Where greedy decoding's time goes: tokenization, encoder, decoder steps, projection, cache, loop.
+"""Where decoding's time goes: tokenization, encoder, decoder steps, projection, selection, cache, loop.
 
     breakdown = decode_time_breakdown(translator, sentences)
 
-Each part is timed on its own, in its own `tf.function`, on the very chunks the Translator
-decodes (sentences sorted by length, `chunk_size` per chunk, padded as it pads them):
+Greedy or beam search, as the translator decodes. Each part is timed on its own, in its own
+`tf.function`, on the very chunks the Translator decodes (sentences sorted by length,
+`chunk_size` per chunk, padded as it pads them); a step has `rows` = chunk × beam size rows:
 
     tokenize       strings → source ids (sanitise, WordPiece, truncate), all sentences at once
     encoder        encoder + the cross-attention keys/values (`encode`, `StepDecoder.start`), per chunk
-    decode_loop    the whole greedy loop of a chunk (`Translator._decode_ids`, encoder included)
-    step           one decoder step `[chunk]` (`StepDecoder.step`: all decoder layers, the
+    decode_loop    the whole decoding loop of a chunk (`Translator._decode_ids`, encoder included)
+    step           one decoder step `[rows]` (`StepDecoder.step`: all decoder layers, the
                    self-attention cache update and the float32 projection) at the middle
                    step of the chunk (its cache half filled), called alone
-    projection     the output projection + forbidden-token mask + argmax + log-softmax of one
-                   step, on `[chunk, d_model]` (part of `step`)
+    projection     the output projection `[rows, d_model] × [d_model, vocab]` + bias (part of `step`)
     cache_update   appending one position to every layer's self-attention keys and values
                    (part of `step`)
+    selection      the next tokens from the logits `[rows, vocab]`: forbidden-token mask, then
+                   argmax + log-softmax (greedy) or each hypothesis's beam-size best tokens and
+                   their log-probabilities (beam search)
+    cache_reorder  beam search only: every layer's self-attention keys and values gathered by
+                   beam parent (a random parent of the same sentence per row)
     detokenize     generated ids → strings, all sentences at once
 
-Derived: `decoder_steps` = Σ chunks `step` × steps the loop ran (the longest output of the
+Derived: `decoder_steps` = Σ chunks `step` × steps the loop ran (the longest hypothesis of the
 chunk); `decoder_layers` = that minus projection and cache updates; `loop_overhead` =
-`decode_loop` − encoder − `decoder_steps` (the while loop's own ops, bookkeeping of finished
-rows, and what one step costs more inside the loop than alone; negative if less). Each part is
-the best of `repeats` timings. Without XLA only: an XLA loop is one compiled program.
+`decode_loop` − encoder − steps × (step + selection + cache_reorder) (the while loop's own
+ops, the bookkeeping of finished rows and hypotheses, and what a step costs more inside the
+loop than alone; negative if less: steps are timed with every row, while the loop drops rows
+that have finished). Each part is the best of `repeats` timings. Without XLA only: an XLA loop
+is one compiled program.
 """
 
 from __future__ import annotations
@@ -71,67 +78,79 @@ def translator_chunks(translator, sentences: Sequence[str]) -> list[tf.Tensor]:
 
 
 def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int = 3) -> dict:
-    """Times the parts of `translator`'s greedy decoding of `sentences` (see module docstring).
+    """Times the parts of `translator`'s decoding of `sentences` (see module docstring).
 
     Args:
-        translator: a `transformer.inference.translator.Translator`, greedy, without XLA.
+        translator: a `transformer.inference.translator.Translator` without XLA (greedy or beam).
         sentences: the sentences.
         repeats: timings per part; the best is kept.
 
     Returns:
         JSON-ready dict: `seconds` (part → seconds over all sentences), `share` (part →
         fraction of `total`), `total` (tokenize + decode_loop + detokenize), `steps` (decoder
-        steps run, summed over chunks), `chunks`.
+        steps run, summed over chunks), `chunks`, `beam_size`.
     """
-    if translator.config.beam_size != 1 or translator.config.jit_compile:
-        raise ValueError("the breakdown times greedy decoding without XLA (beam_size 1, jit_compile False)")
-    model = translator.model
+    if translator.config.jit_compile:
+        raise ValueError("the breakdown times decoding without XLA (jit_compile False)")
+    model, beam = translator.model, translator.config.beam_size
     decoder = StepDecoder(model)
     text = tf.constant(list(sentences))
     tokenize = _timed(lambda: translator.source_ids(text)[0].flat_values)
     seconds = {"tokenize": _best_time(tokenize, repeats)}
-    encode = tf.function(lambda src, filled: _encode(model, decoder, src, filled))
-    encoder = _timed(lambda src: _encode(model, decoder, src, 0))
-    decode = tf.function(translator._decode_ids_impl)
+    encode = tf.function(lambda src, filled: _encode(model, decoder, src, filled, beam))
+    encoder = _timed(lambda src: _encode(model, decoder, src, 0, 1))
+    search = tf.function(lambda src: _search(translator, src))
     loop = _timed(translator._decode_ids_impl)
-    step = _timed(lambda ids, index, context, cache: decoder.step(context, ids, index, cache)[:2])
-    projection = _timed(lambda x: _project(model, x))
+    step = _timed(lambda ids, index, context, cache: decoder.step(context, ids, index, cache, beam)[:2])
+    projection = _timed(lambda x, output: tf.matmul(x, output[0]) + output[1])
+    selection = _timed(lambda logits: _select(logits, beam))
     cache_update = _timed(lambda cache, row: [(tf.concat([k, row], 2), tf.concat([v, row], 2)) for k, v in cache])
-    parts = {"encoder": 0.0, "decode_loop": 0.0, "step": 0.0, "projection": 0.0, "cache_update": 0.0}
+    cache_reorder = _timed(lambda cache, parents: tf.nest.map_structure(lambda x: tf.gather(x, parents), cache))
+    parts = dict.fromkeys(("encoder", "decode_loop", "step", "projection", "cache_update", "selection",
+                           "cache_reorder"), 0.0)
     steps_total, generated = 0, []
     for src in translator_chunks(translator, sentences):
-        batch = int(src.shape[0])
-        ids, lengths = decode(src)
-        steps = int(tf.reduce_max(lengths))
+        rows = int(src.shape[0]) * beam
+        ids, lengths, steps = search(src)
+        steps = int(steps)
         steps_total += steps
         generated.append((ids, lengths))
         middle = tf.constant(steps // 2, tf.int32)
         context, cache = encode(src, middle)  # the cache filled up to the middle step
-        start = tf.fill([batch], tf.constant(START_ID, tf.int32))
-        x = tf.random.normal([batch, 1, model.config.d_model])
-        new_row = tf.zeros_like(cache[0][0][:, :, :1])  # [B, heads, 1, key_dim]
-        parts["encoder"] += _best_time(lambda: encoder(src), repeats)
-        parts["decode_loop"] += _best_time(lambda: loop(src), repeats)
-        parts["step"] += steps * _best_time(lambda: step(start, middle, context, cache), repeats)
-        parts["projection"] += steps * _best_time(lambda: projection(x), repeats)
-        parts["cache_update"] += steps * _best_time(lambda: cache_update(cache, new_row), repeats)
+        start = tf.fill([rows], tf.constant(START_ID, tf.int32))
+        x = tf.random.normal([rows, model.config.d_model])
+        logits = tf.random.normal([rows, model.config.tgt_vocab_size])
+        new_row = tf.zeros_like(cache[0][0][:, :, :1])  # [rows, heads, 1, key_dim]
+        parents = tf.reshape(tf.random.uniform([rows // beam, beam], 0, beam, tf.int32)
+                             + beam * tf.range(rows // beam)[:, tf.newaxis], [-1])  # [rows]
+        timed = {"encoder": (encoder, src), "decode_loop": (loop, src), "step": (step, start, middle, context, cache),
+                 "projection": (projection, x, context["output"]), "selection": (selection, logits),
+                 "cache_update": (cache_update, cache, new_row), "cache_reorder": (cache_reorder, cache, parents)}
+        for part, (fn, *args) in timed.items():
+            if part == "cache_reorder" and beam == 1:
+                continue
+            once = _best_time(lambda: fn(*args), repeats)
+            parts[part] += once if part in ("encoder", "decode_loop") else steps * once
     width = max(int(ids.shape[1]) for ids, _ in generated)
     all_ids = tf.concat([tf.pad(ids, [[0, 0], [0, width - int(ids.shape[1])]]) for ids, _ in generated], 0)
     detokenize = _timed(lambda ids: tf.strings.length(translator.detokenize(ids)))
     seconds["detokenize"] = _best_time(lambda: detokenize(all_ids), repeats)
     seconds["encoder"] = parts["encoder"]
     seconds["decoder_steps"] = parts["step"]
-    seconds["projection"] = parts["projection"]
-    seconds["cache_update"] = parts["cache_update"]
+    for part in ("projection", "cache_update", "selection", "cache_reorder"):
+        seconds[part] = parts[part]
     seconds["decoder_layers"] = parts["step"] - parts["projection"] - parts["cache_update"]
-    seconds["loop_overhead"] = parts["decode_loop"] - parts["encoder"] - parts["step"]
+    seconds["loop_overhead"] = (parts["decode_loop"] - parts["encoder"] - parts["step"] - parts["selection"]
+                                - parts["cache_reorder"])
     seconds["decode_loop"] = parts["decode_loop"]
     total = seconds["tokenize"] + parts["decode_loop"] + seconds["detokenize"]
-    share_of = ("tokenize", "encoder", "decoder_layers", "projection", "cache_update", "loop_overhead", "detokenize")
+    share_of = ("tokenize", "encoder", "decoder_layers", "projection", "cache_update", "selection",
+                *(("cache_reorder",) if beam > 1 else ()), "loop_overhead", "detokenize")
     return {
         "sentences": len(sentences),
         "chunks": len(generated),
         "chunk_size": translator.config.chunk_size,
+        "beam_size": beam,
         "steps": steps_total,
         "total": round(total, 3),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
@@ -140,16 +159,33 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     }
 
 
-def _encode(model, decoder: StepDecoder, src, filled):
-    """(context, cache with `filled` positions) of `decoder` for the chunk `src`."""
+def _encode(model, decoder: StepDecoder, src, filled, beam: int):
+    """(context, cache with `filled` positions and `beam` rows per sentence) of `decoder` for the chunk `src`."""
     memory, src_mask = model.encode(src, training=False)
     context, cache = decoder.start(memory, src_mask)
     padding = [[0, 0], [0, 0], [0, filled], [0, 0]]
-    return context, [(tf.pad(k, padding), tf.pad(v, padding)) for k, v in cache]
+    return context, [(decoding.tile_beams(tf.pad(k, padding), beam), decoding.tile_beams(tf.pad(v, padding), beam))
+                     for k, v in cache]
 
 
-def _project(model, x):
-    logits = decoding._mask_forbidden(model.logits(x)[:, 0, :], decoding.DEFAULT_FORBIDDEN_IDS)
+def _search(translator, src):
+    """The translator's decoding of the chunk `src` → (best ids `[b, T]`, lengths `[b]`, steps the
+    loop ran: the longest hypothesis, finished or not)."""
+    config = translator.config
+    max_steps, limits = translator._max_steps(tf.shape(src)[1]), translator._row_limits(src)
+    if config.beam_size == 1:
+        result = decoding.greedy_translate(translator.model, src, max_steps, max_lengths=limits)
+        return result.ids, result.lengths, tf.reduce_max(result.lengths)
+    result = decoding.beam_translate(translator.model, src, config.beam_size, max_steps, alpha=config.alpha,
+                                     max_lengths=limits)
+    return result.ids[:, 0], result.lengths[:, 0], tf.reduce_max(result.lengths)
+
+
+def _select(logits, beam: int):
+    """The loop's token choice from logits `[rows, vocab]` (see module docstring: selection)."""
+    logits = decoding._mask_forbidden(logits, decoding.DEFAULT_FORBIDDEN_IDS)
+    if beam > 1:
+        return decoding._beam_candidates(logits, beam)
     next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
     return next_ids, tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)
 

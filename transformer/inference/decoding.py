@@ -9,14 +9,16 @@ A strategy drives a step callback and never reaches into the model:
                    per-hypothesis decoder state (the self-attention cache). Beam search
                    gathers it by beam parent every step.
         rows:      only when the strategy is given `rows=`: nested per-row constants with a
-                   leading batch dimension (cross-attention keys/values, source bias).
+                   leading batch dimension (cross-attention keys/values, source bias); in
+                   beam search one row per *sentence* (`[batch / beam_size, ...]`, untiled).
         logits:    float32 `[batch, vocab]`, the distribution of the token at `step + 1`.
         attention: optional `[batch, ...]` (e.g. cross-attention `[batch, heads, src_len]`).
 
 Anything that is the same for every hypothesis of a sentence (encoder memory, source mask,
 cross-attention keys/values) is *not* state: the callback closes over it or gets it as
-`rows`. For beam search it is tiled `beam_size` times once, before the loop, and never
-reordered by beam parent.
+`rows`, and it is never reordered by beam parent. Beam search hands `rows` over once per
+sentence (the lean step attends with a sentence's hypotheses together); a callback that
+closes over such constants needs them tiled `beam_size` times, once, before the loop.
 
 Dropping finished rows (`drop_finished`, lean decoding only): a length-sorted batch still
 runs every row until its longest output ends. When the rows (greedy) or sentences (beam)
@@ -154,6 +156,21 @@ def _keep_live(live: tf.Tensor, fraction: float, take: Callable, structure):
 def _gather_rows(structure, keep: tf.Tensor):
     """Every tensor of `structure` (`[b, ...]`) at rows `keep` (int32 `[n]`) → `[n, ...]`."""
     return tf.nest.map_structure(lambda x: tf.gather(x, keep), structure)
+
+
+def _beam_candidates(logits: tf.Tensor, k: int) -> tuple:
+    """Each row's `k` best tokens and their log-probabilities, from float32 logits `[rows, vocab]`:
+    (log_probs float32 `[rows, k]`, descending, tokens int32 `[rows, k]`).
+
+    Equals `top_k(log_softmax(logits))` (same tokens and order; log-probabilities to rounding):
+    the ranking runs on the logits, and only the `k` chosen are normalised by the row's
+    log-sum-exp, whose maximum is the first of them. Passes over `[rows, vocab]`: top-k, then
+    one subtract, exp and sum, instead of log-softmax's materialised `[rows, vocab]` output too.
+    """
+    top_logits, tokens = tf.math.top_k(logits, k=k)  # [R, k]
+    maximum = top_logits[:, :1]  # [R, 1]
+    log_norm = tf.math.log(tf.reduce_sum(tf.exp(logits - maximum), axis=-1, keepdims=True))  # [R, 1]
+    return (top_logits - maximum) - log_norm, tokens
 
 
 def _call(fn: StepFn, ids, step, state, rows):
@@ -312,7 +329,7 @@ def beam_search(
     Args:
         symbols_to_logits_fn: the step callback; it is called on `batch * beam_size` rows
             (row `b * beam_size + k` is hypothesis k of sentence b) and must close over
-            inputs already tiled with `tile_beams` (or get them as `rows`).
+            inputs already tiled with `tile_beams`, or get them per sentence as `rows`.
         start_ids: int `[batch]`, the token at position 0.
         state: initial per-hypothesis state, leading dimension `batch * beam_size`. It is
             gathered by beam parent after every step.
@@ -323,8 +340,8 @@ def beam_search(
         end_id, max_lengths ([batch]), forbidden_ids: as in `greedy_decode`.
         early_stop: bool. Stop a sentence once its best hypothesis is final (see above).
         state_shape_invariants: as in `greedy_decode`.
-        rows: per-hypothesis constants (`[batch * beam_size, ...]`, tiled), as in `greedy_decode`;
-            never reordered by parent.
+        rows: per-sentence constants (`[batch, ...]`, untiled), handed to the callback with the
+            `beam_size` hypotheses of each sentence; never reordered by parent.
         drop_finished: as in `greedy_decode`, for sentences: a sentence that has stopped (or whose
             hypotheses have all ended) leaves with its `beam_size` rows.
 
@@ -345,7 +362,7 @@ def beam_search(
                  tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32)), log_probs, log_probs,
                  tf.zeros([batch, k], tf.bool), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.bool),
                  limits[:, tf.newaxis], max_penalty)
-    # Per hypothesis `[b * k, ...]`: the state and the rows.
+    # The state per hypothesis `[b * k, ...]`, the rows per sentence `[b, ...]`.
     hypotheses = (state, () if rows is None else rows)
     results = BeamResult(*(tf.zeros_like(sentences[i]) for i in (2, 4, 3, 6)))  # [B, ...], written back
 
@@ -359,7 +376,9 @@ def beam_search(
     def drop(structure, keep):  # keep: int32 [n] sentences
         sentences, hypotheses, results = structure
         rows_kept = tf.reshape(keep[:, tf.newaxis] * k + tf.range(k), [-1])  # [n * k]
-        return _gather_rows(sentences, keep), _gather_rows(hypotheses, rows_kept), write_back(results, sentences)
+        state, rows_ = hypotheses
+        hypotheses = (_gather_rows(state, rows_kept), _gather_rows(rows_, keep))
+        return _gather_rows(sentences, keep), hypotheses, write_back(results, sentences)
 
     def searching(sentences):
         """bool `[b]`: the sentence has neither stopped nor ended all its hypotheses."""
@@ -376,7 +395,7 @@ def beam_search(
         logits, state = outputs[0], outputs[1]
         logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b*K, V]
         # Each hypothesis's K best continuations; a finished one has one: [END] at log-probability 0.
-        top_log_probs, top_tokens = tf.math.top_k(tf.nn.log_softmax(logits), k=k)  # [b*K, K]
+        top_log_probs, top_tokens = _beam_candidates(logits, k)  # [b*K, K]
         top_log_probs, top_tokens = tf.reshape(top_log_probs, [b, k, k]), tf.reshape(top_tokens, [b, k, k])
         end_only = tf.where(tf.equal(tf.range(k), 0), 0.0, NEG_INF)  # [K]
         top_log_probs = tf.where(finished[:, :, tf.newaxis], end_only, top_log_probs)
@@ -427,15 +446,16 @@ def cache_length(model, max_steps) -> tf.Tensor:
     return tf.minimum(max_steps, model.config.max_length)
 
 
-def step_decoder_fn(decoder: StepDecoder, context: dict) -> StepFn:
+def step_decoder_fn(decoder: StepDecoder, context: dict, group: int = 1) -> StepFn:
     """`symbols_to_logits_fn(ids, step, cache, rows)` for a `transformer.model.step_decoder.StepDecoder`:
     the state is its growing cache (per layer (keys, values) `[batch, heads, step, key_dim]`),
     `rows` the per-row part of `context` (`ROW_CONTEXT`: cross-attention keys/values, source
-    bias; tiled for beam search), the rest of `context` (from `decoder.start`) is closed over."""
+    bias; one row per `group` ids: per sentence in beam search, `group` = beam size), the rest
+    of `context` (from `decoder.start`) is closed over."""
     shared = {key: value for key, value in context.items() if key not in ROW_CONTEXT}
 
     def symbols_to_logits(ids, step, cache, rows):
-        return decoder.step({**shared, **rows}, ids, step, cache)  # [B, V] float32, cache, [B, heads, S]
+        return decoder.step({**shared, **rows}, ids, step, cache, group)  # [B, V] float32, cache, [B, heads, S]
 
     return symbols_to_logits
 
@@ -445,15 +465,17 @@ ROW_CONTEXT = ("cross", "bias")  # the parts of `StepDecoder.start`'s context wi
 
 def _start(model, src_ids, max_steps, beam_size: int, lean: bool):
     """Encoder once, then (step callback, initial state, per-row constants or None, state shape
-    invariants) for `beam_size` hypotheses per row (rows tiled in place when beam_size > 1)."""
+    invariants) for `beam_size` hypotheses per row. The state is tiled in place when
+    beam_size > 1; the lean step's per-row constants stay one per sentence, the fixed-size
+    cache path's cross-attention cache and mask are tiled."""
     memory, src_mask = model.encode(src_ids, training=False)
     tile = (lambda x: tile_beams(x, beam_size)) if beam_size > 1 else (lambda x: x)
     if lean:
         decoder = StepDecoder(model)
         context, cache = decoder.start(memory, src_mask)
-        rows = tf.nest.map_structure(tile, {key: context[key] for key in ROW_CONTEXT})
+        rows = {key: context[key] for key in ROW_CONTEXT}
         cache = tf.nest.map_structure(tile, cache)
-        return step_decoder_fn(decoder, context), cache, rows, decoder.cache_shape_invariants(cache)
+        return step_decoder_fn(decoder, context, beam_size), cache, rows, decoder.cache_shape_invariants(cache)
     cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
     tiled = {}  # layers may share one cross cache tensor (the memory itself): tile it once
     cross = [tiled.setdefault(id(c), tile(c)) for c in cache["cross"]]  # [B*K, ...]
@@ -484,9 +506,10 @@ def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alph
                    lean: bool = True, drop_finished: float = DROP_FINISHED) -> BeamResult:
     """Beam search for `src_ids [batch, src_len]`; `lean`, `drop_finished` as in `greedy_translate`.
 
-    The encoder runs once on `batch` rows; its mask and the cross-attention keys/values are
-    tiled `beam_size` times here, once, and never reordered. Only the self-attention cache
-    (the state) follows the beam parents.
+    The encoder runs once on `batch` rows. The cross-attention keys/values and the source mask
+    are never reordered: the lean step keeps them per sentence (a sentence's hypotheses attend
+    together), the fixed-size cache path tiles them `beam_size` times here, once. Only the
+    self-attention cache (the state) follows the beam parents.
     """
     step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))

@@ -15,7 +15,10 @@ cost more than the arithmetic:
   - queries, keys and values of the new token come from one `[d_model, 3·heads·key_dim]`
     matmul on `[batch, d_model]` rows;
   - cross-attention keys/values `[batch, heads, src_len, key_dim]` and the source-padding bias
-    are computed once in `start`; every projection is a plain 2-D matmul.
+    are computed once in `start`; every projection is a plain 2-D matmul;
+  - beam search (`group` hypotheses per source row) keeps them per source row, untiled: the
+    group's queries attend together, `[group, key_dim] × [key_dim, src_len]` per head, so
+    the keys/values are read once per sentence, not once per hypothesis.
 Numerics follow the model's: weights and matmuls in its compute dtype (bfloat16 for a
 `cast_model` copy), attention logits, softmax, layer norms and the output projection in
 float32, logits float32. The caches' growing length makes the step unfit for XLA, which needs
@@ -93,18 +96,20 @@ class StepDecoder:
         return [(shape, shape) for _ in cache]
 
     # ---- per token ---------------------------------------------------------------------
-    def step(self, context, ids, index, cache):
+    def step(self, context, ids, index, cache, group: int = 1):
         """Decodes one token per row.
 
         Args:
-            context: from `start` (rows tiled alike when the batch is tiled).
-            ids: int `[batch]`, the tokens at position `index`.
+            context: from `start` for `batch` source rows (rows tiled alike when the batch is tiled).
+            ids: int `[batch · group]`, the tokens at position `index`; row `b · group + j` is
+                hypothesis j of source row b.
             index: int32 scalar, their position (= the cache's filled length).
-            cache: per layer (keys, values) `[batch, heads, index, key_dim]`.
+            cache: per layer (keys, values) `[batch · group, heads, index, key_dim]`.
+            group: int. Hypotheses per source row (the beam size); 1: one row per source row.
 
         Returns:
-            (logits `[batch, vocab]` float32, cache with `index + 1` positions, last layer's
-            cross-attention `[batch, heads, src_len]` float32).
+            (logits `[batch · group, vocab]` float32, cache with `index + 1` positions, last
+            layer's cross-attention `[batch · group, heads, src_len]` float32).
         """
         embedding = self.model.tgt_embedding
         x = tf.cast(tf.gather(embedding.embedding.embeddings, ids), self.dtype)  # [B, d]
@@ -122,7 +127,10 @@ class StepDecoder:
             x = self._residual(layer, layer.self_attention_norm, x, self._dense(attended, w["self_o"], w["self_o_bias"]))
             h = _norm(x, layer.cross_attention_norm) if layer.pre_norm else x
             query = self._dense(h, w["cross_q"], w["cross_q_bias"]) * w["scale"]
-            attended, scores = self._attend(query, cross_k, cross_v, context["bias"])
+            if group == 1:
+                attended, scores = self._attend(query, cross_k, cross_v, context["bias"])
+            else:
+                attended, scores = self._attend_group(query, cross_k, cross_v, context["bias"], group)
             x = self._residual(layer, layer.cross_attention_norm, x,
                                self._dense(attended, w["cross_o"], w["cross_o_bias"]))
             h = _norm(x, layer.ffn_norm) if layer.pre_norm else x
@@ -153,6 +161,17 @@ class StepDecoder:
         scores = tf.nn.softmax(logits)
         attended = tf.matmul(tf.cast(scores, self.dtype), values)  # [B, N, 1, H]
         return tf.reshape(attended, [-1, self.heads * self.key_dim]), scores
+
+    def _attend_group(self, query, keys, values, bias, group: int):
+        """`_attend` for `group` queries per row of keys/values: query `[B·G, N·H]` (scaled), keys/values
+        `[B, N, S, H]`, bias `[B, 1, 1, S]` → (`[B·G, N·H]`, scores `[B·G, N, 1, S]` float32)."""
+        query = tf.transpose(tf.reshape(query, [-1, group, self.heads, self.key_dim]), [0, 2, 1, 3])  # [B, N, G, H]
+        logits = tf.cast(tf.matmul(query, keys, transpose_b=True), tf.float32) + bias  # [B, N, G, S]
+        scores = tf.nn.softmax(logits)
+        attended = tf.matmul(tf.cast(scores, self.dtype), values)  # [B, N, G, H]
+        attended = tf.reshape(tf.transpose(attended, [0, 2, 1, 3]), [-1, self.heads * self.key_dim])
+        scores = tf.transpose(scores, [0, 2, 1, 3])  # [B, G, N, S]
+        return attended, tf.reshape(scores, [-1, self.heads, 1, tf.shape(scores)[-1]])
 
     @staticmethod
     def _residual(layer, norm, x, update):
