@@ -117,6 +117,10 @@ def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
     assert bf16.model((ids, ids)).dtype == tf.float32  # logits stay float32
     path = export_translator(bf16, tmp_path / "bf16")
     assert load_exported(path).translate(SENTENCES) == bf16.translate(SENTENCES)
+    beam = bf16.with_config(beam_size=3, projection_dtype="bfloat16")  # beam search, bfloat16 logits
+    loaded = load_exported(export_translator(beam, tmp_path / "bf16-beam"))
+    assert loaded.manifest["decode"]["projection_dtype"] == "bfloat16"
+    assert loaded.translate(SENTENCES) == beam.translate(SENTENCES)
 
 
 def test_sentencepiece_export_is_deterministic_and_matches_in_a_fresh_process(tmp_path):

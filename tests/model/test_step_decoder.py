@@ -88,3 +88,27 @@ def test_hypotheses_attending_per_source_row_equal_tiled_rows(head_width):
         np.testing.assert_allclose(grouped.numpy(), alone.numpy(), atol=1e-5, rtol=0)
         np.testing.assert_allclose(grouped_scores.numpy(), alone_scores.numpy(), atol=1e-6, rtol=0)
     assert not np.allclose(grouped.numpy()[0], grouped.numpy()[1])  # different hypotheses, different logits
+
+
+def test_bfloat16_projection_rounds_only_the_logits_matmul():
+    """projection_dtype="bfloat16": logits = bfloat16(x · W) + float32 bias, returned as float32 and
+    within bfloat16 rounding of the float32 projection; anything else is refused."""
+    config = dataclasses.replace(TINY_MODEL, head_width="paper")
+    model = build(config, seed=13)
+    src, tgt = random_ids(config)
+    memory, src_mask = model.encode(src)
+    ids, index = tf.constant(tgt[:, 0]), tf.constant(0)
+    outputs = {}
+    for dtype in ("float32", "bfloat16"):
+        decoder = StepDecoder(model, projection_dtype=dtype)
+        context, cache = decoder.start(memory, src_mask)
+        outputs[dtype] = decoder.step(context, ids, index, cache)[0].numpy()
+    bias = model.final_layer.bias.numpy()
+    product = outputs["bfloat16"] - bias
+    assert outputs["bfloat16"].dtype == np.float32
+    np.testing.assert_array_equal(tf.cast(tf.cast(product, tf.bfloat16), tf.float32).numpy(), product)
+    assert not np.array_equal(outputs["bfloat16"], outputs["float32"])
+    scale = np.abs(outputs["float32"] - bias).max()
+    np.testing.assert_allclose(outputs["bfloat16"], outputs["float32"], atol=0.01 * scale, rtol=0)
+    with pytest.raises(ValueError, match="projection_dtype must be float32 or bfloat16"):
+        StepDecoder(model, projection_dtype="float16")

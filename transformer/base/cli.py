@@ -17,6 +17,7 @@ from pathlib import Path
 from transformer.base.config import (
     AUTO,
     FINE_TUNE_MODEL_FIELDS,
+    PROJECTION_DTYPES,
     RECIPE_MAX_TOKENS,
     CorpusSpec,
     DataConfig,
@@ -468,6 +469,9 @@ def add_decode_args(parser) -> None:
     group.add_argument("--drop-finished", type=float, default=defaults.drop_finished, metavar="FRACTION",
                        help="without XLA, finished sentences leave the batch once those still decoding are at most "
                             f"this fraction of it (0 = never; default {defaults.drop_finished})")
+    group.add_argument("--projection-dtype", choices=PROJECTION_DTYPES, default=defaults.projection_dtype,
+                       help="without XLA, the output projection's matmul dtype; bfloat16 rounds the logits "
+                            f"(for --dtype bfloat16 exports, docs/speed.md; default {defaults.projection_dtype})")
 
 
 def add_checkpoint_arg(parser) -> None:
@@ -482,6 +486,7 @@ def decode_config_from_args(args) -> DecodeConfig:
     try:
         return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
                             max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
-                            jit_compile=args.xla, drop_finished=args.drop_finished).validate()
+                            jit_compile=args.xla, drop_finished=args.drop_finished,
+                            projection_dtype=args.projection_dtype).validate()
     except ValueError as err:
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err

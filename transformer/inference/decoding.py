@@ -463,15 +463,18 @@ def step_decoder_fn(decoder: StepDecoder, context: dict, group: int = 1) -> Step
 ROW_CONTEXT = ("cross", "bias")  # the parts of `StepDecoder.start`'s context with a batch dimension
 
 
-def _start(model, src_ids, max_steps, beam_size: int, lean: bool):
+def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dtype: str = "float32"):
     """Encoder once, then (step callback, initial state, per-row constants or None, state shape
     invariants) for `beam_size` hypotheses per row. The state is tiled in place when
     beam_size > 1; the lean step's per-row constants stay one per sentence, the fixed-size
-    cache path's cross-attention cache and mask are tiled."""
+    cache path's cross-attention cache and mask are tiled. `projection_dtype`: the lean step's
+    output projection (`StepDecoder`); the fixed-size cache path projects in float32 only."""
+    if not lean and projection_dtype != "float32":
+        raise ValueError(f"projection_dtype {projection_dtype} needs the lean step (lean=True)")
     memory, src_mask = model.encode(src_ids, training=False)
     tile = (lambda x: tile_beams(x, beam_size)) if beam_size > 1 else (lambda x: x)
     if lean:
-        decoder = StepDecoder(model)
+        decoder = StepDecoder(model, projection_dtype)
         context, cache = decoder.start(memory, src_mask)
         rows = {key: context[key] for key in ROW_CONTEXT}
         cache = tf.nest.map_structure(tile, cache)
@@ -484,7 +487,7 @@ def _start(model, src_ids, max_steps, beam_size: int, lean: bool):
 
 def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, return_attention: bool = False,
                      forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS, lean: bool = True,
-                     drop_finished: float = DROP_FINISHED) -> GreedyResult:
+                     drop_finished: float = DROP_FINISHED, projection_dtype: str = "float32") -> GreedyResult:
     """Cached greedy decoding of `src_ids [batch, src_len]` (pad 0): encoder once, one token per step.
 
     `max_steps` must be ≤ `model.config.max_length` (positions 0 … max_steps-1 are fed).
@@ -492,9 +495,10 @@ def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, 
     `[batch, max_steps, heads, src_len]`. `lean` (default): the steps of
     `transformer.model.step_decoder.StepDecoder` (growing caches, finished rows dropped as
     `drop_finished` says; not for XLA); False: the model's `decode_step` with its fixed-size
-    cache and every row to the end (static shapes, for XLA).
+    cache and every row to the end (static shapes, for XLA). `projection_dtype` (lean only):
+    the output projection's matmul, "float32" or "bfloat16" (`StepDecoder`).
     """
-    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, 1, lean)
+    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, 1, lean, projection_dtype)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return greedy_decode(step_fn, start, state, max_steps, max_lengths=max_lengths, forbidden_ids=forbidden_ids,
                          return_attention=return_attention, state_shape_invariants=invariants, rows=rows,
@@ -503,15 +507,17 @@ def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, 
 
 def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alpha: float = 0.6,
                    max_lengths=None, forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS,
-                   lean: bool = True, drop_finished: float = DROP_FINISHED) -> BeamResult:
-    """Beam search for `src_ids [batch, src_len]`; `lean`, `drop_finished` as in `greedy_translate`.
+                   lean: bool = True, drop_finished: float = DROP_FINISHED,
+                   projection_dtype: str = "float32") -> BeamResult:
+    """Beam search for `src_ids [batch, src_len]`; `lean`, `drop_finished`, `projection_dtype` as in
+    `greedy_translate`.
 
     The encoder runs once on `batch` rows. The cross-attention keys/values and the source mask
     are never reordered: the lean step keeps them per sentence (a sentence's hypotheses attend
     together), the fixed-size cache path tiles them `beam_size` times here, once. Only the
     self-attention cache (the state) follows the beam parents.
     """
-    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean)
+    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean, projection_dtype)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return beam_search(step_fn, start, state, beam_size, max_steps, alpha=alpha, max_lengths=max_lengths,
                        forbidden_ids=forbidden_ids, state_shape_invariants=invariants, rows=rows,

@@ -78,7 +78,7 @@ class ContinuousDecoder:
                              f"jit_compile {config.jit_compile}")
         self.translator = translator
         model = translator.model
-        self._decoder = _RowMaskedStepDecoder(model)
+        self._decoder = _RowMaskedStepDecoder(model, config.projection_dtype)
         d_model, heads, key_dim = model.config.d_model, model.config.num_heads, model.config.key_dim
         self._dtype = self._decoder.dtype
         # Weights in the step's layout, once (StepDecoder.start on an empty batch computes them).

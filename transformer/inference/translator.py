@@ -231,10 +231,12 @@ class Translator(tf.Module):
         limits = self._row_limits(src_ids)
         lean = not self.config.jit_compile  # growing caches: not for XLA's static shapes
         if self.config.beam_size == 1:
-            result = decoding.greedy_translate(self.model, src_ids, max_steps, max_lengths=limits, lean=lean)
+            result = decoding.greedy_translate(self.model, src_ids, max_steps, max_lengths=limits, lean=lean,
+                                               projection_dtype=self.config.projection_dtype)
             return result.ids, result.lengths
         result = decoding.beam_translate(self.model, src_ids, self.config.beam_size, max_steps,
-                                         alpha=self.config.alpha, max_lengths=limits, lean=lean)
+                                         alpha=self.config.alpha, max_lengths=limits, lean=lean,
+                                         projection_dtype=self.config.projection_dtype)
         return result.ids[:, 0], result.lengths[:, 0]
 
     def _output_bound(self, source_tokens):

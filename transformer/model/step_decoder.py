@@ -21,8 +21,11 @@ cost more than the arithmetic:
     the keys/values are read once per sentence, not once per hypothesis.
 Numerics follow the model's: weights and matmuls in its compute dtype (bfloat16 for a
 `cast_model` copy), attention logits, softmax, layer norms and the output projection in
-float32, logits float32. The caches' growing length makes the step unfit for XLA, which needs
-static shapes: the XLA decode loop uses `Transformer.decode_step` (fixed-size cache).
+float32, logits float32. `projection_dtype="bfloat16"` runs the output projection's matmul
+in bfloat16 too (TensorFlow's CPU matmul returns bfloat16, so the logits are rounded to
+bfloat16 before the float32 bias; opt-in: it changes translations). The caches' growing
+length makes the step unfit for XLA, which needs static shapes: the XLA decode loop uses
+`Transformer.decode_step` (fixed-size cache).
 `tests/model/test_step_decoder.py` checks it against `decode_step` and the full pass.
 """
 
@@ -54,13 +57,18 @@ class StepDecoder:
     Args:
         model: the built Transformer; its variables are read at every `start` (so a changed
             weight is seen) and never copied into this object.
+        projection_dtype: str. The output projection's matmul dtype: "float32" (default) or
+            "bfloat16" (logits rounded to bfloat16, returned as float32).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, projection_dtype: str = "float32"):
+        if projection_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"projection_dtype must be float32 or bfloat16, got {projection_dtype!r}")
         self.model = model
         config = model.config
         self.heads, self.key_dim, self.d_model = config.num_heads, config.key_dim, config.d_model
         self.dtype = tf.as_dtype(model.compute_dtype)
+        self.projection_dtype = tf.as_dtype(projection_dtype)
 
     # ---- per batch ---------------------------------------------------------------------
     def start(self, memory, src_mask):
@@ -140,7 +148,7 @@ class StepDecoder:
         if self.model.decoder_norm is not None:
             x = _norm(x, self.model.decoder_norm)
         matrix, bias = context["output"]
-        logits = tf.matmul(tf.cast(x, tf.float32), matrix) + bias  # [B, V] float32
+        logits = tf.cast(tf.matmul(tf.cast(x, matrix.dtype), matrix), tf.float32) + bias  # [B, V] float32
         return logits, new_cache, scores[:, :, 0, :]
 
     # ---- pieces --------------------------------------------------------------------------
@@ -209,8 +217,8 @@ class StepDecoder:
         }
 
     def _output_weights(self):
-        """(matrix float32 `[d, V]`, bias float32 `[V]`): logits = x · matrix + bias."""
+        """(matrix `[d, V]` in `projection_dtype`, bias float32 `[V]`): logits = x · matrix + bias."""
         final = self.model.final_layer
         if hasattr(final, "embedding"):  # TiedLogits: the target embedding `[V, d]`, transposed once per batch
-            return tf.transpose(_read(final.embedding.embeddings, tf.float32)), _read(final.bias, tf.float32)
-        return _read(final.kernel, tf.float32), _read(final.bias, tf.float32)
+            return tf.transpose(_read(final.embedding.embeddings, self.projection_dtype)), _read(final.bias, tf.float32)
+        return _read(final.kernel, self.projection_dtype), _read(final.bias, tf.float32)
