@@ -194,8 +194,8 @@ def test_beam_candidates_equal_top_k_of_log_softmax():
     """Ranking the raw logits and normalising only the k chosen gives top_k(log_softmax):
     the same tokens in the same order (ties included) and the same log-probabilities."""
     rng = np.random.default_rng(0)
-    logits = rng.normal(0, 4, size=(6, 300)).astype(np.float32)
-    logits[1, [7, 9, 200]] = logits[1].max() + 1.0  # a three-way tie for first place
+    logits = rng.normal(0, 4, size=(6, 1000)).astype(np.float32)  # 8 blocks of decoding.TOP_K_BLOCK
+    logits[1, [7, 9, 900]] = logits[1].max() + 1.0  # a three-way tie for first place, across blocks
     logits[2, :] = 0.5  # all equal
     logits[3, 10:] = decoding.NEG_INF  # forbidden-masked entries
     logits[4] *= 30.0  # a peaked row
@@ -204,8 +204,23 @@ def test_beam_candidates_equal_top_k_of_log_softmax():
     log_probs, tokens = decoding._beam_candidates(logits, 4)
     np.testing.assert_array_equal(tokens.numpy(), expected_tokens.numpy())
     allowed = [i for i in range(10) if i not in decoding.DEFAULT_FORBIDDEN_IDS]
-    assert tokens.numpy()[1, :3].tolist() == [7, 9, 200] and tokens.numpy()[2].tolist() == allowed[:4]
+    assert tokens.numpy()[1, :3].tolist() == [7, 9, 900] and tokens.numpy()[2].tolist() == allowed[:4]
     np.testing.assert_allclose(log_probs.numpy(), expected_log_probs.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [5, 130, 1000, 6388])  # one block … many, the last one partly filled
+def test_blocked_top_k_equals_top_k_with_ties(vocab):
+    """The two-stage top-k gives tf.math.top_k's values and indices, ties included (few distinct
+    values, so many ties inside and across blocks, and -inf entries)."""
+    rng = np.random.default_rng(vocab)
+    logits = rng.integers(0, 6, size=(40, vocab)).astype(np.float32)
+    logits[::7, vocab // 2:] = -np.inf
+    logits[3] = 1.0
+    for k in (1, 4):
+        values, tokens = decoding._top_k(tf.constant(logits), k, block=16)
+        expected_values, expected_tokens = tf.math.top_k(logits, k=k)
+        np.testing.assert_array_equal(tokens.numpy(), expected_tokens.numpy())
+        np.testing.assert_array_equal(values.numpy(), expected_values.numpy())
 
 
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])

@@ -158,16 +158,42 @@ def _gather_rows(structure, keep: tf.Tensor):
     return tf.nest.map_structure(lambda x: tf.gather(x, keep), structure)
 
 
+TOP_K_BLOCK = 128  # vocabulary entries per block of `_top_k`'s first stage
+
+
+def _top_k(logits: tf.Tensor, k: int, block: int = TOP_K_BLOCK) -> tuple:
+    """`tf.math.top_k(logits, k)` for float32 `[rows, vocab]` (same values, tokens and order, ties to
+    the lower index), in two cheap stages: the maximum of each `block` entries, the `k` blocks
+    with the largest maxima (every one of the k best entries lies in one of them: an entry in
+    another block is outranked by those blocks' maxima), then top-k over those `k · block`
+    entries, kept in vocabulary order. One pass over `[rows, vocab]` (a max) instead of a
+    top-k scan; returns (values `[rows, k]`, int32 indices `[rows, k]`)."""
+    vocab = logits.shape[-1]
+    blocks = -(-vocab // block) if vocab is not None else 0
+    if blocks <= k:  # nothing to prune (or an unknown vocabulary): one top-k
+        return tf.math.top_k(logits, k=k)
+    rows = tf.shape(logits)[0]
+    padded = tf.pad(logits, [[0, 0], [0, blocks * block - vocab]], constant_values=float("-inf"))
+    padded = tf.reshape(padded, [rows, blocks, block])  # [R, blocks, block]
+    _, best_blocks = tf.math.top_k(tf.reduce_max(padded, axis=-1), k=k)  # [R, k]
+    best_blocks = tf.sort(best_blocks, axis=-1)  # vocabulary order, so ties still go to the lower index
+    candidates = tf.reshape(tf.gather(padded, best_blocks, batch_dims=1), [rows, k * block])  # [R, k·block]
+    values, positions = tf.math.top_k(candidates, k=k)
+    tokens = tf.gather(best_blocks, positions // block, batch_dims=1) * block + positions % block
+    return values, tokens
+
+
 def _beam_candidates(logits: tf.Tensor, k: int) -> tuple:
     """Each row's `k` best tokens and their log-probabilities, from float32 logits `[rows, vocab]`:
     (log_probs float32 `[rows, k]`, descending, tokens int32 `[rows, k]`).
 
     Equals `top_k(log_softmax(logits))` (same tokens and order; log-probabilities to rounding):
-    the ranking runs on the logits, and only the `k` chosen are normalised by the row's
-    log-sum-exp, whose maximum is the first of them. Passes over `[rows, vocab]`: top-k, then
-    one subtract, exp and sum, instead of log-softmax's materialised `[rows, vocab]` output too.
+    the ranking runs on the logits (`_top_k`), and only the `k` chosen are normalised by the
+    row's log-sum-exp, whose maximum is the first of them. Passes over `[rows, vocab]`: the
+    top-k's, then one subtract, exp and sum, instead of log-softmax's materialised output and a
+    top-k scan of it.
     """
-    top_logits, tokens = tf.math.top_k(logits, k=k)  # [R, k]
+    top_logits, tokens = _top_k(logits, k)  # [R, k]
     maximum = top_logits[:, :1]  # [R, 1]
     log_norm = tf.math.log(tf.reduce_sum(tf.exp(logits - maximum), axis=-1, keepdims=True))  # [R, 1]
     return (top_logits - maximum) - log_norm, tokens
