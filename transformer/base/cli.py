@@ -454,7 +454,8 @@ def _flag_note(message: str) -> str:
 
 
 def add_decode_args(parser) -> None:
-    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla, --drop-finished) to a parser."""
+    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla, --drop-finished,
+    --streams) to a parser."""
     defaults = DecodeConfig()
     group = parser.add_argument_group("decoding")
     group.add_argument("--beam", type=int, default=defaults.beam_size, help="beam size (1 = greedy)")
@@ -468,6 +469,8 @@ def add_decode_args(parser) -> None:
     group.add_argument("--drop-finished", type=float, default=defaults.drop_finished, metavar="FRACTION",
                        help="without XLA, finished sentences leave the batch once those still decoding are at most "
                             f"this fraction of it (0 = never; default {defaults.drop_finished})")
+    group.add_argument("--streams", type=int, default=defaults.streams,
+                       help=f"chunks decoded at once, each by its own loop (default {defaults.streams})")
 
 
 def add_checkpoint_arg(parser) -> None:
@@ -482,6 +485,7 @@ def decode_config_from_args(args) -> DecodeConfig:
     try:
         return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
                             max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
-                            jit_compile=args.xla, drop_finished=args.drop_finished).validate()
+                            jit_compile=args.xla, drop_finished=args.drop_finished,
+                            streams=args.streams).validate()
     except ValueError as err:
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err

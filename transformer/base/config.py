@@ -407,6 +407,9 @@ class DecodeConfig:
     length_bucket: with jit_compile, source lengths are padded to a multiple of this.
     drop_finished: without jit_compile, finished rows leave the batch once the rows still
         decoding are at most this fraction of those computed (0: never).
+    streams: chunks decoded at once, each by its own loop (chunks k, k + streams, … go to
+        loop k); a decoder step is bound by its many small kernels, so on a few cores two
+        loops overlap their dispatch.
     """
 
     beam_size: int = 1  # greedy: beam 4 gains ~1.3 BLEU at a fraction of the speed (docs/recipes.md, Decoding)
@@ -417,6 +420,7 @@ class DecodeConfig:
     jit_compile: bool = False
     length_bucket: int = 16
     drop_finished: float = 0.75
+    streams: int = 1
 
     def validate(self) -> "DecodeConfig":
         if self.beam_size < 1:
@@ -432,6 +436,8 @@ class DecodeConfig:
             raise ValueError(f"length_bucket must be >= 1, got {self.length_bucket}")
         if not 0 <= self.drop_finished < 1:
             raise ValueError(f"drop_finished must be in [0, 1), got {self.drop_finished}")
+        if self.streams < 1:
+            raise ValueError(f"streams must be >= 1, got {self.streams}")
         return self
 
     def to_dict(self) -> dict:
