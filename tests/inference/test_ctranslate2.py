@@ -83,9 +83,10 @@ def exported(tmp_path_factory):
     return translator, path
 
 
-def test_ctranslate2_translator_equals_ours_on_strings(exported):
+@pytest.mark.parametrize("inter_threads", [1, 2])
+def test_ctranslate2_translator_equals_ours_on_strings(exported, inter_threads):
     translator, path = exported
-    ct2 = CTranslate2Translator(path, batch_size=3)
+    ct2 = CTranslate2Translator(path, batch_size=3, inter_threads=inter_threads, intra_threads=1)
     texts, lengths = ct2.translate_with_lengths(SENTENCES)
     expected_texts, expected_lengths = translator.translate_with_lengths(SENTENCES)
     assert texts == expected_texts
@@ -146,12 +147,16 @@ def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
     output, saved = tmp_path / "comparison.json", tmp_path / "saved"
     assert script_main("export")(["--run", str(tiny_run), "--output", str(saved)]) == 0  # timed too (--exports)
     argv = ["--run", str(tiny_run), "--compare", "ctranslate2", "--limit", "6", "--repeats", "1", "--chunk-size", "4",
-            "--ours", "export", "in-memory", "export-beam4", "--exports", str(saved), "--output", str(output)]
+            "--ours", "export", "in-memory", "export-beam4", "--exports", str(saved), "--output", str(output),
+            "--ct2-inter-threads", "1", "2", "--threads", "2"]
     assert script_main("benchmark_decoding")(argv) == 0
     report = json.loads(output.read_text())
     engines = report["engines"]
     assert list(engines) == ["ours SavedModel", "ours in-memory", "ours SavedModel beam 4", f"SavedModel {saved}",
-                             "CTranslate2 float32", "CTranslate2 int8"]
+                             "CTranslate2 float32", "CTranslate2 float32, 2 × 1 threads", "CTranslate2 int8",
+                             "CTranslate2 int8, 2 × 1 threads"]
+    assert engines["CTranslate2 float32, 2 × 1 threads"]["settings"]["inter_threads"] == 2
+    assert engines["CTranslate2 float32, 2 × 1 threads"]["identical"] == 6
     assert engines["ours SavedModel beam 4"]["settings"]["beam_size"] == 4
     assert not engines["ours SavedModel"]["settings"]["jit_compile"]  # --xla follows DecodeConfig: off
     for name in ("ours SavedModel", f"SavedModel {saved}", "CTranslate2 int8"):  # loaded here: cold start timed
@@ -163,3 +168,18 @@ def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
     assert engines["ours in-memory"]["identical"] == 6 and engines["CTranslate2 float32"]["identical"] == 6
     assert engines[f"SavedModel {saved}"]["identical"] == 6
     assert report["machine"]["load_average"] and "CTranslate2 int8" in capsys.readouterr().out
+
+
+def test_benchmark_decoding_streams_probe_gives_the_same_translations(tiny_run, tmp_path, capsys):
+    output = tmp_path / "streams.json"
+    argv = ["--run", str(tiny_run), "--streams-probe", "--limit", "9", "--repeats", "1", "--chunk-sizes", "2",
+            "--streams", "1", "2", "--output", str(output)]
+    assert script_main("benchmark_decoding")(argv) == 0
+    report = json.loads(output.read_text())
+    engines = report["engines"]
+    assert list(engines) == ["batch 2: 1 concurrent call", "batch 2: 2 concurrent calls", "batch 2: export, 1 stream",
+                             "batch 2: export, 2 streams"]
+    assert all(engine["identical"] == 9 for engine in engines.values())  # concurrency changes no translation
+    assert all(engine["cores_busy"] > 0 for engine in engines.values())
+    assert report["dtype"] == "float32" and report["threads"]["inter_op"] >= 0
+    assert "2 concurrent calls" in capsys.readouterr().out

@@ -62,7 +62,7 @@ def test_benchmark_decoding_profile_command(tiny_run, tmp_path, capsys):
     report = json.loads(output.read_text())
     assert report["steps"] > 0 and report["machine"]["cpu"] and "| decoder_layers |" in capsys.readouterr().out
     assert script_main("benchmark_decoding")(argv + ["--compare", "ctranslate2"]) == 2
-    assert "error: --compare and --profile" in capsys.readouterr().err
+    assert "error: --compare, --profile and --streams-probe" in capsys.readouterr().err
     assert script_main("benchmark_decoding")(argv + ["--beam", "2", "--dtype", "bfloat16"]) == 0
     report = json.loads(output.read_text())
     assert report["beam_size"] == 2 and report["dtype"] == "bfloat16" and "| cache_reorder |" in capsys.readouterr().out

@@ -63,6 +63,8 @@ def test_loader_matches_in_memory_translator(exported):
     translator, path = exported
     loaded = load_exported(path)
     assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    assert loaded.manifest["decode"]["streams"] == 2  # the default: chunks decoded by two loops at once
+    assert loaded.translate(SENTENCES) == translator.with_config(streams=1).translate(SENTENCES)
     texts, lengths = loaded.translate_with_lengths(SENTENCES[:2])
     assert texts == translator.translate(SENTENCES[:2]) and len(lengths) == 2
     details = loaded.attention(SENTENCES[:2])

@@ -96,3 +96,35 @@ def test_lengths_count_generated_tokens(translator):
     texts, lengths = translator.translate_with_lengths(["Deus é amor.", "   "])
     assert lengths[1] == 0 and 1 <= lengths[0] <= MAX_LENGTH
     assert texts == translator.translate(["Deus é amor.", "   "])
+
+
+@pytest.mark.parametrize("streams, batch", [(2, 9), (3, 10), (2, 3), (3, 0)])
+def test_streams_give_the_one_loop_translations_in_input_order(translator, streams, batch):
+    # chunk_size 4: 9 sentences are chunks 4 + 4 + 1 over 2 loops; 3 sentences leave the second loop idle
+    sentences = (BAD_INPUTS + ["Jesus chorou.", "E disse Deus: Haja luz."])[:batch]
+    texts, lengths = translator.with_config(streams=1).translate_with_lengths(sentences)
+    streamed = translator.with_config(streams=streams)
+    assert streamed.translate_with_lengths(sentences)[0] == texts
+    np.testing.assert_array_equal(streamed.translate_with_lengths(sentences)[1], lengths)
+    assert streamed.translate(sentences[::-1]) == texts[::-1]
+
+
+def test_streams_of_beam_search_give_its_one_loop_translations(translator):
+    beam = translator.with_config(beam_size=2, streams=1)
+    assert beam.with_config(streams=2).translate(BAD_INPUTS) == beam.translate(BAD_INPUTS)
+
+
+def test_decode_config_reaches_the_decoder(translator, monkeypatch):
+    from transformer.inference import decoding
+
+    seen = []
+    original = decoding.greedy_translate
+    monkeypatch.setattr(decoding, "greedy_translate",
+                        lambda *a, **k: seen.append(k["drop_finished"]) or original(*a, **k))
+    translator.with_config(drop_finished=0.5).translate(["Deus é amor."])
+    assert seen == [0.5]
+
+
+def test_streams_must_be_positive():
+    with pytest.raises(ValueError, match="streams must be >= 1, got 0"):
+        DecodeConfig(streams=0).validate()

@@ -67,6 +67,35 @@ def test_waiting_sentences_are_decoded_in_runs_of_similar_length_and_each_reques
     assert batcher.queued == 0 and batcher.stats["batches"] == 3 and batcher.stats["answered"] == 4
 
 
+def test_decoder_streams_decode_runs_at_once_and_each_request_gets_its_own():
+    running, most, lock, gate = [0], [0], threading.Lock(), threading.Event()
+
+    def translate(texts):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        gate.wait(5)  # both streams take a run before either finishes
+        with lock:
+            running[0] -= 1
+        return [t.upper() for t in texts]
+
+    batcher = DynamicBatcher(translate, max_batch=2, max_wait_ms=0, streams=2).start()
+    batcher.ready.wait()
+
+    async def clients():
+        requests = [["a", "bb"], ["ccc", "dddd"], ["eeeee", "f"], ["gggggg"]]
+        futures = [asyncio.ensure_future(batcher.translate(texts)) for texts in requests]
+        await asyncio.sleep(0.2)
+        gate.set()
+        return requests, await asyncio.gather(*futures)
+
+    requests, answers = asyncio.run(clients())
+    batcher.stop()
+    assert most[0] == 2 and len(batcher._threads) == 2  # two runs of at most 2 sentences were decoding at once
+    assert answers == [[t.upper() for t in texts] for texts in requests]
+    assert batcher.stats["batches"] == 4 and batcher.queued == 0 and not any(thread.is_alive() for thread in batcher._threads)
+
+
 class CountingEngine:
     """A step engine: a row of text t ends after len(t) steps (at least one) and translates to t.upper()."""
 

@@ -108,7 +108,16 @@ def test_lone_surrogate_translates_as_the_offline_translator_does_with_invalid_b
     assert out["translations"] == offline.translate([b"Deus \xed\xa0\x80 amor", b"abc"])
 
 
-def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(server, offline):
+@pytest.fixture(scope="module")
+def streams_server(model):
+    """Run batching with two decoder calls at once."""
+    with ServerThread(model, BatchingConfig(max_batch=16, max_wait_ms=5, mode="run", streams=2)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("which", ["server", "streams_server"])
+def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(which, offline, request):
+    server = request.getfixturevalue(which)
     plan = share(make_requests(SENTENCES + EDGE + BAD_INPUTS[:4], requests=160, max_texts_per_request=4, seed=1),
                  clients=16)
     texts = sorted({t for requests in plan for request in requests for t in request})
@@ -121,10 +130,20 @@ def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(server
     for r in flat:
         assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
     joins = server.batcher.stats["batches"] - before["batches"]
-    steps = server.batcher.stats["steps"] - before["steps"]
-    assert server.batcher.mode == "step" and joins < 160  # requests joined the decode together
-    assert (server.batcher.stats["row_steps"] - before["row_steps"]) / steps > 2  # and shared its steps
+    assert joins < 160  # requests joined decoder calls together
+    if which == "server":
+        steps = server.batcher.stats["steps"] - before["steps"]
+        assert server.batcher.mode == "step"
+        assert (server.batcher.stats["row_steps"] - before["row_steps"]) / steps > 2  # and shared its steps
+    else:
+        assert server.batcher.mode == "run" and sum(t.is_alive() for t in server.batcher._threads) == 2
     assert server.batcher.queued == 0
+
+
+def test_step_batching_refuses_decoder_streams(model):
+    with pytest.raises(ValueError, match="step-level batching decodes on one thread"):
+        BatchingConfig(mode="step", streams=2).resolve(model)
+    assert BatchingConfig(mode="step").resolve(model).streams == 1
 
 
 def big(n):

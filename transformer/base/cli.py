@@ -455,7 +455,8 @@ def _flag_note(message: str) -> str:
 
 
 def add_decode_args(parser) -> None:
-    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla, --drop-finished) to a parser."""
+    """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla, --drop-finished,
+    --streams) to a parser."""
     defaults = DecodeConfig()
     group = parser.add_argument_group("decoding")
     group.add_argument("--beam", type=int, default=defaults.beam_size, help="beam size (1 = greedy)")
@@ -472,6 +473,8 @@ def add_decode_args(parser) -> None:
     group.add_argument("--projection-dtype", choices=PROJECTION_DTYPES, default=defaults.projection_dtype,
                        help="without XLA, the output projection's matmul dtype; bfloat16 rounds the logits "
                             f"(for --dtype bfloat16 exports, docs/speed.md; default {defaults.projection_dtype})")
+    group.add_argument("--streams", type=int, default=defaults.streams,
+                       help=f"chunks decoded at once, each by its own loop (default {defaults.streams})")
 
 
 def add_checkpoint_arg(parser) -> None:
@@ -487,6 +490,7 @@ def decode_config_from_args(args) -> DecodeConfig:
         return DecodeConfig(beam_size=args.beam, alpha=args.alpha, max_output_ratio=args.max_output_ratio,
                             max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
                             jit_compile=args.xla, drop_finished=args.drop_finished,
-                            projection_dtype=args.projection_dtype).validate()
+                            projection_dtype=args.projection_dtype,
+                            streams=args.streams).validate()
     except ValueError as err:
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err

@@ -15,6 +15,12 @@ and saves (JSON) both rates and the speed-up.
 --ct2-compute-types), all fed by our tokenizers, interleaved in one process: sentences/s and
 generated tokens/s side by side, ratios to the first engine, and how many translations are
 identical to its. The report goes to <run>/decoding_comparison.json.
+
+`--streams-probe` times concurrent decoding streams of one model (`--dtype`): at each of
+--chunk-sizes B and each of --streams S, (1) one export called by S threads at once, each
+call a length-sorted batch of B sentences (a server with S decoder threads), and (2) an
+export with chunk_size B decoding S chunks at once in its own graph (`DecodeConfig.streams`),
+interleaved in one process; ratios to the first. Report: <run>/decoding_streams.json.
 """
 
 import argparse
@@ -66,25 +72,43 @@ def main(argv=None) -> int:
                         help="CTranslate2 compute types with --compare (default: float32 int8)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="CTranslate2 threads per translation with --compare (default: all cores)")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1],
+                        help="with --compare: export each of our engines with each of these DecodeConfig.streams "
+                             "(chunks decoded at once); with --streams-probe: the streams compared (default 1)")
+    parser.add_argument("--ct2-inter-threads", type=int, nargs="+", default=[1],
+                        help="with --compare: CTranslate2 inter_threads settings (batches decoded at once), each "
+                             "with --threads / inter_threads intra-op threads (default 1)")
+    parser.add_argument("--streams-probe", action="store_true",
+                        help="instead, time concurrent decoding streams (see above) into <run>/decoding_streams.json")
+    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[16, 32, 64],
+                        help="batch sizes with --streams-probe (default 16 32 64)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="with --profile or --streams-probe: the model's weights and compute (as `export.py --dtype`; "
+                             "default float32)")
     parser.add_argument("--profile", action="store_true",
                         help="instead, break our decoding's time down (tokenize, encoder, decoder layers, "
                              "projection, cache updates, token selection, beam cache reorder, loop overhead, "
                              "detokenize; without XLA) into <run>/decoding_profile.json")
     parser.add_argument("--beam", type=int, default=1, help="with --profile: beam size (default 1: greedy)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="with --profile: the model's weights and compute (as `export.py --dtype`; default float32)")
     args = parser.parse_args(argv)
     cli.start()
-    if args.compare and args.profile:
-        raise ConfigError("--compare and --profile: choose one")
-    if not args.profile and (args.beam != 1 or args.dtype != "float32"):
-        raise ConfigError(f"--beam {args.beam} --dtype {args.dtype}: given with --profile only")
+    if sum(map(bool, (args.compare, args.profile, args.streams_probe))) > 1:
+        raise ConfigError("--compare, --profile and --streams-probe: choose one")
+    for flag in ("streams", "ct2_inter_threads", "chunk_sizes"):
+        if min(getattr(args, flag)) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {min(getattr(args, flag))}")
+    if not args.profile and args.beam != 1:
+        raise ConfigError(f"--beam {args.beam}: given with --profile only")
+    if not (args.profile or args.streams_probe) and args.dtype != "float32":
+        raise ConfigError(f"--dtype {args.dtype}: given with --profile or --streams-probe only")
     if args.beam < 1:
         raise ConfigError(f"--beam {args.beam}: must be >= 1")
     if args.compare:
         return _compare(args, argv)
     if args.profile:
         return _profile(args, argv)
+    if args.streams_probe:
+        return _streams_probe(args, argv)
 
     import tensorflow as tf
 
@@ -168,6 +192,46 @@ def _profile(args, argv) -> int:
     return 0
 
 
+def _streams_probe(args, argv) -> int:
+    """--streams-probe: 1 vs N concurrent decoding streams, by threads and inside the export."""
+    import tempfile
+
+    import tensorflow as tf
+
+    from transformer.data.corpora import load_split
+    from transformer.inference.evaluation import compare_engines, comparison_table, concurrent_calls, save_report
+    from transformer.inference.export import export_translator, load_exported
+    from transformer.inference.rundir import translator_from_run
+
+    sources, _ = load_split(data_dir=args.data, split=args.split, limit=args.limit)
+    translator = translator_from_run(args.run, DecodeConfig(chunk_size=max(args.chunk_sizes)), args.checkpoint,
+                                     dtype=args.dtype)
+    engines = {}
+    with tempfile.TemporaryDirectory(prefix="decoding-streams-") as scratch:
+        calls = load_exported(export_translator(translator, Path(scratch) / "calls"))
+        for batch in args.chunk_sizes:
+            for streams in args.streams:
+                engines[f"batch {batch}: {streams} concurrent call{'s' * (streams > 1)}"] = concurrent_calls(
+                    calls.translate_with_lengths, batch, streams)
+            for streams in args.streams:
+                path = export_translator(translator.with_config(chunk_size=batch, streams=streams),
+                                         Path(scratch) / f"b{batch}-s{streams}")
+                label = f"batch {batch}: export, {streams} stream{'s' * (streams > 1)}"
+                engines[label] = load_exported(path).translate_with_lengths
+        started = time.perf_counter()
+        report = compare_engines(engines, sources, repeats=args.repeats)
+    report.update(_provenance(args, argv, tf, started))
+    report.update({"dtype": args.dtype, "threads": {"inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+                                                    "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                                                    **{k: v for k, v in os.environ.items() if k.startswith("TF_NUM_")}},
+                   "table": comparison_table(report)})
+    output = Path(args.output) if args.output else Path(args.run) / "decoding_streams.json"
+    save_report(report, output)
+    print(report["table"])
+    print(f"report: {output}")
+    return 0
+
+
 def _cold_start(load, first_batch) -> tuple:
     """(the loaded engine's translate_with_lengths, {"load_s", "first_batch_s", "total_s", "second_batch_s"}):
     seconds to load it and to translate `first_batch` (one chunk) right after, the wait of a fresh
@@ -203,19 +267,21 @@ def _compare(args, argv) -> int:
     translator = translator_from_run(args.run, config, args.checkpoint)
     engines, described, cold_start = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="decoding-comparison-") as scratch:
-        for name in args.ours:
-            if name == "in-memory":
+        for name, streams in [(name, streams) for name in args.ours for streams in args.streams]:
+            if name == "in-memory":  # the Translator as configured, once
+                if streams != args.streams[0]:
+                    continue
                 engines["ours in-memory"] = translator.translate_with_lengths
                 described["ours in-memory"] = config.to_dict()
                 continue
             xla = name.endswith("-xla") or (args.xla and not name.endswith("-no-xla"))
             beam = 4 if name.endswith("beam4") else 1
-            variant = translator.with_config(jit_compile=xla, beam_size=beam)
+            variant = translator.with_config(jit_compile=xla, beam_size=beam, streams=streams)
             if "bf16" in name:
                 variant = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), variant.config)
-            path = export_translator(variant, Path(scratch) / name)
+            path = export_translator(variant, Path(scratch) / f"{name}-{streams}")
             label = (f"ours SavedModel{' bfloat16' if 'bf16' in name else ''}{' beam 4' if beam > 1 else ''}"
-                     f"{' (XLA)' if xla else ''}")
+                     f"{' (XLA)' if xla else ''}{f', {streams} streams' if args.streams != [1] else ''}")
             engines[label], cold_start[label] = _cold_start(lambda: load_exported(path), sources[:args.chunk_size])
             described[label] = variant.config.to_dict()
         for directory in args.exports:
@@ -224,13 +290,15 @@ def _compare(args, argv) -> int:
             described[label] = engines[label].__self__.manifest.get("decode", {})
         ct2_path = export_ctranslate2(translator.model, Path(args.run) / TOKENIZER_DIR, Path(scratch) / "ct2",
                                       config=config)
-        for compute_type in args.ct2_compute_types:
-            label = f"CTranslate2 {compute_type}"
+        for compute_type, inter in [(c, i) for c in args.ct2_compute_types for i in args.ct2_inter_threads]:
+            intra = max(1, args.threads // inter)
+            label = f"CTranslate2 {compute_type}" + (f", {inter} × {intra} threads" if inter > 1 else "")
             engines[label], cold_start[label] = _cold_start(
-                lambda: CTranslate2Translator(ct2_path, compute_type=compute_type, intra_threads=args.threads,
-                                              batch_size=args.chunk_size, tokenizers=translator.tokenizers),
+                lambda: CTranslate2Translator(ct2_path, compute_type=compute_type, intra_threads=intra,
+                                              inter_threads=inter, batch_size=args.chunk_size,
+                                              tokenizers=translator.tokenizers),
                 sources[:args.chunk_size])
-            described[label] = {"compute_type": compute_type, "intra_threads": args.threads,
+            described[label] = {"compute_type": compute_type, "inter_threads": inter, "intra_threads": intra,
                                 "max_batch_size": args.chunk_size, **dataclasses.asdict(config)}
         started = time.perf_counter()
         report = compare_engines(engines, sources, repeats=args.repeats, references=references)

@@ -42,6 +42,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batching", choices=("step", "run"), default="run",
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
                              "else run); run: length-sorted runs, each decoded to its end (default run)")
+    parser.add_argument("--decoder-streams", type=int,
+                        help="with run batching, decoder calls running at once (default 1; step batching "
+                             "decodes on one thread)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
     cli.add_decode_args(parser)
     args = parser.parse_args(argv)
@@ -52,6 +55,8 @@ def main(argv=None) -> int:
         raise ConfigError(f"--concurrency must be > 0, got {min(args.concurrency)}")
     if args.max_batch is not None and args.max_batch <= 0:
         raise ConfigError(f"--max-batch must be > 0, got {args.max_batch}")
+    if args.decoder_streams is not None and args.decoder_streams <= 0:
+        raise ConfigError(f"--decoder-streams must be > 0, got {args.decoder_streams}")
     if args.max_wait_ms < 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     cli.start()
@@ -63,7 +68,11 @@ def main(argv=None) -> int:
     from transformer.serving.server import BatchingConfig, load_model
 
     model = load_model(args.model, cli.decode_config_from_args(args), args.checkpoint)
-    batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching).resolve(model)
+    try:
+        batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching,
+                                  streams=args.decoder_streams).resolve(model)
+    except ValueError as err:
+        raise ConfigError(f"--decoder-streams {args.decoder_streams}: {err}") from err
     limits = ServeLimits(max_texts=max(args.max_texts_per_request, ServeLimits.max_texts))
     report = benchmark(model, sentences, args.concurrency, args.requests, args.max_texts_per_request,
                        batching=batching, limits=limits, rounds=args.rounds)
@@ -73,7 +82,8 @@ def main(argv=None) -> int:
     atomic.write_json(args.output, report)
     offline = report["offline"]
     print(f"offline: {offline['sentences_per_s']:.1f} sentences/s ({report['sentences']} sentences, "
-          f"chunks of {offline['chunk_size']}); server --max-batch {batching.max_batch}, {report['batching']['used']} batching:")
+          f"chunks of {offline['chunk_size']}); server --max-batch {batching.max_batch}, {report['batching']['used']} batching, "
+          f"{batching.streams} decoder stream(s):")
     for level in report["levels"]:
         latency = level["latency_ms"]
         print(f"  {level['clients']:3d} clients: {level['sentences_per_s']:6.1f} sentences/s = "

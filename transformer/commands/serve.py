@@ -19,7 +19,8 @@ from transformer.base import cli
 from transformer.base.errors import ConfigError, command
 
 POSITIVE = {"max_batch": "--max-batch", "max_queue": "--max-queue", "max_texts": "--max-texts",
-            "max_chars": "--max-chars", "max_body_bytes": "--max-body-bytes", "timeout": "--timeout"}
+            "max_chars": "--max-chars", "max_body_bytes": "--max-body-bytes", "timeout": "--timeout",
+            "decoder_streams": "--decoder-streams"}
 
 
 @command
@@ -37,6 +38,9 @@ def main(argv=None) -> int:
     group.add_argument("--batching", choices=("step", "run"), default="run",
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
                              "else run); run: length-sorted runs, each decoded to its end (default run)")
+    group.add_argument("--decoder-streams", type=int,
+                        help="with run batching, decoder calls running at once (default 1; step batching "
+                             "decodes on one thread)")
     group.add_argument("--max-queue", type=int, default=1024,
                        help="most sentences waiting; beyond it 503 with Retry-After (default 1024)")
     group.add_argument("--max-texts", type=int, default=64, help="most texts per request (default 64; more: 413)")
@@ -60,10 +64,14 @@ def main(argv=None) -> int:
     from transformer.serving.app import ServeLimits
     from transformer.serving.server import BatchingConfig, bind, load_model, serve
 
-    batching = BatchingConfig(args.max_batch, args.max_wait_ms, args.max_queue, args.batching)
+    batching = BatchingConfig(args.max_batch, args.max_wait_ms, args.max_queue, args.batching, args.decoder_streams)
     limits = ServeLimits(args.max_texts, args.max_chars, args.max_body_bytes, args.timeout)
     sock = bind(args.host, args.port)  # a port in use fails before the model loads
     model = load_model(args.model, cli.decode_config_from_args(args), args.checkpoint)
+    try:
+        batching = batching.resolve(model)
+    except ValueError as err:
+        raise ConfigError(f"--decoder-streams {args.decoder_streams}: {err}") from err
     return serve(model, sock, batching, limits)
 
 

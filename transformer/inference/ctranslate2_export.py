@@ -246,7 +246,8 @@ class CTranslate2Translator:
     Args:
         path: the export directory.
         compute_type: CTranslate2 compute type ("float32", "int8", …). Defaults to float32.
-        intra_threads: threads per translation (0: CTranslate2's default, all cores).
+        intra_threads: threads per batch (0: CTranslate2's default, all cores).
+        inter_threads: batches decoded at once (a `translate` call's batches are spread over them).
         batch_size: sentences per CTranslate2 batch (it sorts them by length first).
         tokenizers, config, max_length: override what the directory holds (tests).
 
@@ -255,7 +256,8 @@ class CTranslate2Translator:
     """
 
     def __init__(self, path, compute_type: str = "float32", intra_threads: int = 0, batch_size: int = 64,
-                 tokenizers=None, config: Optional[DecodeConfig] = None, max_length: Optional[int] = None):
+                 inter_threads: int = 1, tokenizers=None, config: Optional[DecodeConfig] = None,
+                 max_length: Optional[int] = None):
         ctranslate2 = import_ctranslate2()
         self.path = Path(path)
         if not is_ctranslate2_dir(self.path):
@@ -269,7 +271,7 @@ class CTranslate2Translator:
         self.tokenizers = tokenizers or load_tokenizers(self.path / TOKENIZER_DIR)
         self.compute_type, self.batch_size = compute_type, batch_size
         self.translator = ctranslate2.Translator(str(self.path), device="cpu", compute_type=compute_type,
-                                                 inter_threads=1, intra_threads=intra_threads)
+                                                 inter_threads=inter_threads, intra_threads=intra_threads)
         self.src_tokens = vocabulary(self.tokenizers.src)
         self.tgt_ids = {token: i for i, token in enumerate(vocabulary(self.tokenizers.tgt))}
         self._source_ids = tf.function(lambda s: tokenize_sources(self.tokenizers.src, s, self.max_length),

@@ -59,6 +59,29 @@ def timed_pass(translate_fn: TranslateFn, sentences: Sequence[str]) -> tuple[lis
     return list(translations), None if num_tokens is None else int(np.sum(num_tokens)), seconds
 
 
+def concurrent_calls(translate_fn: TranslateFn, batch_size: int, streams: int) -> TranslateFn:
+    """`translate_fn` called on length-sorted batches, `streams` calls at once.
+
+    The returned TranslateFn sorts its sentences by characters, cuts them into calls of
+    `batch_size` and runs them on `streams` threads (a TensorFlow call releases the GIL), as
+    a server with `streams` decoder threads would; translations come back in input order.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def translate(sentences):
+        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+        calls = [[sentences[i] for i in order[k:k + batch_size]] for k in range(0, len(order), batch_size)]
+        with ThreadPoolExecutor(streams) as pool:
+            results = list(pool.map(translate_fn, calls))
+        texts, lengths = [""] * len(sentences), np.zeros(len(sentences), np.int64)
+        flat = [(t, n) for translations, counts in results for t, n in zip(translations, counts)]
+        for i, (text, count) in zip(order, flat):
+            texts[i], lengths[i] = text, count
+        return texts, lengths
+
+    return translate
+
+
 def speed(num_sentences: int, num_tokens: Optional[int], seconds: float) -> dict:
     return {
         "sentences": num_sentences,
@@ -215,17 +238,21 @@ def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3,
     Returns:
         A JSON-ready dict: `engines` (name → cold pass, best and median warm pass: seconds,
         sentences/s, generated tokens/s; `ratio` = its best sentences/s ÷ the reference's;
-        `identical` = sentences whose translation equals the reference's; `bleu` with
+        `identical` = sentences whose translation equals the reference's; `cores_busy` =
+        CPU seconds of this process per second of a warm pass, median; `bleu` with
         `references`) and `reference`.
     """
     if not engines:
         raise ValueError("no engine to compare")
     outputs, cold, warm, tokens = {}, {}, {name: [] for name in engines}, {}
+    cores = {name: [] for name in engines}  # this process's CPU seconds per wall second of a warm pass
     for name, fn in engines.items():
         outputs[name], tokens[name], cold[name] = timed_pass(fn, sources)
     for _ in range(repeats):
         for name, fn in engines.items():
+            cpu = time.process_time()
             again, _, seconds = timed_pass(fn, sources)
+            cores[name].append((time.process_time() - cpu) / seconds)
             if again != outputs[name]:
                 raise RuntimeError(f"{name}: translations changed between passes over the same input")
             warm[name].append(seconds)
@@ -240,6 +267,7 @@ def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3,
             "median": speed(len(sources), tokens[name], median),
             "cold": speed(len(sources), tokens[name], cold[name]),
             "warm_pass_seconds": [round(s, 3) for s in warm[name]],
+            "cores_busy": round(float(np.median(cores[name])), 2) if cores[name] else None,
             "identical": same,
         }
         if references is not None:
@@ -255,11 +283,12 @@ def compare_engines(engines: dict, sources: Sequence[str], *, repeats: int = 3,
 
 def comparison_table(comparison: dict) -> str:
     """Markdown table of `compare_engines`' result."""
-    lines = ["| engine | sentences/s (best) | median | generated tokens/s | ratio | outputs identical | BLEU |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| engine | sentences/s (best) | median | generated tokens/s | ratio | cores busy | outputs identical | BLEU |",
+             "|---|---|---|---|---|---|---|---|"]
     n = comparison["num_sentences"]
     for name, r in comparison["engines"].items():
         bleu = f"{r['bleu']:.2f}" if "bleu" in r else "—"
         lines.append(f"| {name} | {r['best']['sentences_per_s']:.1f} | {r['median']['sentences_per_s']:.1f} | "
-                     f"{r['best']['tokens_per_s'] or 0:,.0f} | {r['ratio']:.2f}× | {r['identical']}/{n} | {bleu} |")
+                     f"{r['best']['tokens_per_s'] or 0:,.0f} | {r['ratio']:.2f}× | {r.get('cores_busy') or 0:.2f} | "
+                     f"{r['identical']}/{n} | {bleu} |")
     return "\n".join(lines)

@@ -11,9 +11,10 @@ What one call does, all in one TensorFlow graph (so the SavedModel does the same
      ([START] + the first `max_length - 2` tokens + [END]; longer inputs, e.g. a
      10,000-character line, are truncated — the model has no positions beyond that);
   3. sort the batch by source length and decode it in chunks of `chunk_size` sentences
-     (cached greedy or beam search, transformer/inference/decoding.py); a sentence's output is bounded
-     by `min(max_length, ceil(max_output_ratio * source_tokens) + max_output_extra)` tokens;
-  4. detokenize and put the translations back in input order. A row whose source has no
+     (cached greedy or beam search, transformer/inference/decoding.py), `streams` chunks at
+     once (chunk k by loop k mod streams); a sentence's output is bounded by
+     `min(max_length, ceil(max_output_ratio * source_tokens) + max_output_extra)` tokens;
+  4. detokenize, every row in input order. A row whose source has no
      tokens (empty or whitespace-only input) gets an empty translation.
 Any string content gives one output row per input row. Only a wrong dtype or rank is an
 error; from Python (`__call__`, `translate`) it is a TypeError/ValueError saying what was
@@ -189,28 +190,41 @@ class Translator(tf.Module):
         return tokenize_sources(self.tokenizers.src, sentences, self.max_length)
 
     def _translate(self, sentences):
-        """Sort by length → decode chunk by chunk → scatter back to input order."""
+        """Sort by length → decode the chunks in `streams` concurrent loops → detokenize in input order."""
         src, has_tokens = self.source_ids(sentences)
-        n = tf.shape(sentences)[0]
         order = tf.argsort(tf.cast(src.row_lengths(), tf.int32), stable=True)
-        chunk = self.config.chunk_size
-        num_chunks = (n + chunk - 1) // chunk
-        translations = tf.fill([n], "")
-        num_tokens = tf.zeros([n], tf.int32)
+        # Independent loops (no data or control edge between them): TensorFlow runs them at once.
+        streams = [self._decode_stream(src, order, first) for first in range(self.config.streams)]
+        ids = tf.add_n([ids for ids, _ in streams])  # rows are disjoint, [PAD] (0) in the other streams'
+        num_tokens = tf.add_n([lengths for _, lengths in streams])
+        # Detokenizing inside a loop would serialise the loops: the tokenizer's table export is a
+        # resource write for TensorFlow's automatic control dependencies.
+        return {"translations": tf.where(has_tokens, self.detokenize(ids), ""),
+                "num_tokens": tf.where(has_tokens, num_tokens, 0)}
 
-        def body(i, translations, num_tokens):
+    def _decode_stream(self, src, order, first: int):
+        """Decodes chunks `first`, `first + streams`, … of the length-sorted batch, one after another.
+
+        Returns:
+            (ids int32 `[batch, max_length]`, [PAD] after [END]; lengths int32 `[batch]`), with
+            [PAD] and 0 at the rows of the other streams' chunks.
+        """
+        n, chunk = tf.shape(order)[0], self.config.chunk_size
+        num_chunks = (n + chunk - 1) // chunk
+
+        def body(i, ids, lengths):
             rows = order[i * chunk: tf.minimum((i + 1) * chunk, n)]  # [b]
             src_ids = tf.cast(tf.gather(src, rows).to_tensor(), tf.int32)  # [b, S]
-            ids, lengths = self._decode_chunk(src_ids)
+            chunk_ids, chunk_lengths = self._decode_chunk(src_ids)  # [b, T], [b]
+            chunk_ids = tf.pad(chunk_ids, [[0, 0], [0, self.max_length - tf.shape(chunk_ids)[1]]])
             rows = rows[:, tf.newaxis]
-            translations = tf.tensor_scatter_nd_update(translations, rows, self.detokenize(ids))
-            num_tokens = tf.tensor_scatter_nd_update(num_tokens, rows, lengths)
-            return i + 1, translations, num_tokens
+            return (i + self.config.streams, tf.tensor_scatter_nd_update(ids, rows, chunk_ids),
+                    tf.tensor_scatter_nd_update(lengths, rows, chunk_lengths))
 
-        _, translations, num_tokens = tf.while_loop(
-            lambda i, *_: i < num_chunks, body, (tf.constant(0), translations, num_tokens))
-        return {"translations": tf.where(has_tokens, translations, ""),
-                "num_tokens": tf.where(has_tokens, num_tokens, 0)}
+        _, ids, lengths = tf.while_loop(
+            lambda i, *_: i < num_chunks, body,
+            (tf.constant(first), tf.fill([n, self.max_length], PAD_ID), tf.zeros([n], tf.int32)))
+        return ids, lengths
 
     def _decode_chunk(self, src_ids):
         """`[b, S]` int32 → (ids `[b, T]` int32, lengths `[b]` int32); pads shapes for XLA."""
@@ -232,10 +246,12 @@ class Translator(tf.Module):
         lean = not self.config.jit_compile  # growing caches: not for XLA's static shapes
         if self.config.beam_size == 1:
             result = decoding.greedy_translate(self.model, src_ids, max_steps, max_lengths=limits, lean=lean,
+                                               drop_finished=self.config.drop_finished,
                                                projection_dtype=self.config.projection_dtype)
             return result.ids, result.lengths
         result = decoding.beam_translate(self.model, src_ids, self.config.beam_size, max_steps,
                                          alpha=self.config.alpha, max_lengths=limits, lean=lean,
+                                         drop_finished=self.config.drop_finished,
                                          projection_dtype=self.config.projection_dtype)
         return result.ids[:, 0], result.lengths[:, 0]
 

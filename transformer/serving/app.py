@@ -146,7 +146,7 @@ def build_app(batcher: DynamicBatcher, info: dict, limits: ServeLimits = ServeLi
         return JSONResponse({**info, "limits": asdict(limits),
                              "batching": {"mode": batcher.mode,
                                           "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
-                                          "max_queue": batcher.max_queue}})
+                                          "max_queue": batcher.max_queue, "streams": batcher.streams}})
 
     async def page(request: Request):
         return HTMLResponse(PAGE)

@@ -1,7 +1,7 @@
-"""Dynamic batching: sentences from many clients decoded together on one thread.
+"""Dynamic batching: sentences from many clients decoded together.
 
     batcher = StepBatcher(engine, max_batch=128, max_wait_ms=5, max_queue=1024)   # step-level
-    batcher = DynamicBatcher(translate, max_batch=128, max_wait_ms=5)              # whole runs
+    batcher = DynamicBatcher(translate, max_batch=128, max_wait_ms=5, streams=2)   # whole runs
     batcher.start(warmup=["Olá."])                # the decoding thread; warms up, then ready
     await batcher.translate(["olá", "bom dia"], timeout_s=30)   # from the event loop
 
@@ -10,11 +10,13 @@
 decode between steps and each leaves when it ends, so no sentence waits for a longer one or
 for a batch to finish (see the class).
 
-`DynamicBatcher` decodes whole runs with one `translate` call each. Greedy decoding of a
+`DynamicBatcher` decodes whole runs with one `translate` call each, `streams` calls at once
+(one decoding thread each: a decoder step of a small run is bound by its many small kernels,
+so two calls overlap on a few cores). Greedy decoding of a
 batch runs until its longest sentence ends, every row paying each step, so in a batch of mixed
 lengths the short sentences pay for the long one: offline, the translator sorts a file by
-length first. The decoding thread does the same with what is waiting (continuous batching of
-queued sentences). Each turn it
+length first. Each decoding thread does the same with what is waiting (continuous batching of
+queued sentences); one plans at a time. Each turn it
   1. waits for company: until `max_batch` sentences wait or `max_wait_ms` have passed since
      the oldest waiting request arrived or, if later, since the last run was answered (its
      clients' next requests arrive within milliseconds, and join this turn);
@@ -100,23 +102,27 @@ class _Job:
 
 
 class DynamicBatcher:
-    """One decoding thread fed by a bounded queue of requests.
+    """`streams` decoding threads fed by a bounded queue of requests.
 
     Args:
-        translate: callable, list of str (or bytes) → list of str of the same length.
+        translate: callable, list of str (or bytes) → list of str of the same length; called
+            from `streams` threads at once.
         max_batch: int. Most sentences per `translate` call (a run). Defaults to 32.
         max_wait_ms: float. Longest a turn waits for more sentences (see the module). Defaults to 5.
         max_queue: int. Most sentences accepted and not yet answered; beyond it `QueueFull`.
+        streams: int. `translate` calls running at once. Defaults to 1.
     """
 
     mode = "run"
 
     def __init__(self, translate: Callable[[list], list], max_batch: int = 32, max_wait_ms: float = 5.0,
-                 max_queue: int = 1024):
-        if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch and max_queue must be >= 1 and max_wait_ms >= 0, got "
-                             f"{max_batch}, {max_queue}, {max_wait_ms}")
+                 max_queue: int = 1024, streams: int = 1):
+        if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or streams < 1:
+            raise ValueError(f"max_batch, max_queue and streams must be >= 1 and max_wait_ms >= 0, got "
+                             f"{max_batch}, {max_queue}, {streams}, {max_wait_ms}")
         self._translate = translate
+        self.streams = streams
+        self._planning = threading.Lock()  # one decoding thread gathers and plans at a time
         self.overhead_rows = STEP_OVERHEAD_ROWS
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self._jobs: collections.deque[_Job] = collections.deque()  # submitted, not yet in the pool
@@ -125,16 +131,16 @@ class DynamicBatcher:
         self._last_run_end = 0.0  # time.monotonic() when the last run was answered
         self._pending = 0  # sentences accepted and not yet answered (queued or being decoded)
         self._stopping = False
-        self._thread: Optional[threading.Thread] = None
+        self._threads: list[threading.Thread] = []
         self.ready = threading.Event()
         self.warmup_error: Optional[BaseException] = None
         self.stats = {"requests": 0, "sentences": 0, "answered": 0, "batches": 0, "decode_s": 0.0, "rejected": 0, "timed_out": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, warmup: Sequence[str] = ()) -> "DynamicBatcher":
-        """Starts the decoding thread; it translates `warmup` first, then sets `ready`."""
-        self._thread = threading.Thread(target=self._run, args=(list(warmup),), name="decoder", daemon=True)
-        self._thread.start()
+        """Starts the first decoding thread; it translates `warmup`, starts the others, then sets `ready`."""
+        self._threads = [threading.Thread(target=self._run, args=(list(warmup),), name="decoder", daemon=True)]
+        self._threads[0].start()
         return self
 
     def stop(self, timeout_s: Optional[float] = None) -> None:
@@ -142,8 +148,8 @@ class DynamicBatcher:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        for thread in list(self._threads):  # the first thread adds the others before `ready`
+            thread.join(timeout_s)
 
     @property
     def queued(self) -> int:
@@ -196,9 +202,17 @@ class DynamicBatcher:
                 self._translate(warmup)
         except Exception as err:  # the server reports it on /health
             self.warmup_error = err
+        for k in range(1, self.streams):
+            self._threads.append(threading.Thread(target=self._loop, name=f"decoder-{k}", daemon=True))
+            self._threads[-1].start()
         self.ready.set()
+        self._loop()
+
+    def _loop(self) -> None:
+        """One decoding thread's turns, until stopped with nothing left."""
         while True:
-            run = self._next_run()
+            with self._planning:
+                run = self._next_run()
             if run is None:
                 return
             if run:
@@ -227,7 +241,7 @@ class DynamicBatcher:
                 self._pool += [(job, i) for i in range(len(job.texts))]
             for job in {job for job, _ in self._pool if job.cancelled and not job.finished}:  # timed out: dropped
                 self._finish(job)
-        # The pool is the decoding thread's own: planning needs no lock.
+        # The pool belongs to the thread planning (it holds `_planning`): no other lock needed.
         self._pool = [(job, i) for job, i in self._pool if not job.finished]
         return True
 
@@ -294,9 +308,7 @@ class DynamicBatcher:
                     if not job.cancelled:
                         self.stats["answered"] += 1
                     answers.append(job)
-            if error is not None:
-                self._pool = [(job, i) for job, i in self._pool if not job.finished]
-        for job in answers:
+        for job in answers:  # a failed job's sentences still waiting leave the pool at the next gather
             job.done(None if error is not None else job.translations, error)
 
 

@@ -93,35 +93,46 @@ class BatchingConfig:
     mode "step": sentences join and leave a running decode between steps (`StepBatcher`; greedy
     models without XLA, others fall back to "run"); "run": length-sorted runs of the waiting
     sentences, each decoded to its end in one translator call (`DynamicBatcher`).
+    streams: translator calls at once with "run" (None: `DEFAULT_DECODER_STREAMS`); "step" has one.
     """
 
     max_batch: Optional[int] = None
     max_wait_ms: float = 5.0
     max_queue: int = 1024
     mode: str = "run"
+    streams: Optional[int] = None
 
     def __post_init__(self):
         if self.mode not in BATCHING_MODES:
             raise ValueError(f"batching mode must be one of {', '.join(BATCHING_MODES)}, got {self.mode!r}")
+        if self.streams is not None and self.streams < 1:
+            raise ValueError(f"decoder streams must be >= 1, got {self.streams}")
 
     def resolve(self, model: ServedModel) -> "BatchingConfig":
-        """This config with `max_batch` set (the model's chunk_size where None)."""
-        if self.max_batch is not None:
-            return self
-        return replace(self, max_batch=int(model.info.get("decode", {}).get("chunk_size") or DEFAULT_MAX_BATCH))
+        """This config with `max_batch` (the model's chunk_size where None), `mode` (run where the
+        model has no step engine) and `streams` set."""
+        mode = self.mode if model.engine is not None else "run"
+        if mode == "step" and (self.streams or 1) > 1:
+            raise ValueError(f"{self.streams} decoder streams: step-level batching decodes on one thread "
+                             "(use run batching)")
+        return replace(self, mode=mode, streams=self.streams or (1 if mode == "step" else DEFAULT_DECODER_STREAMS),
+                       max_batch=self.max_batch or int(model.info.get("decode", {}).get("chunk_size")
+                                                       or DEFAULT_MAX_BATCH))
 
 
 DEFAULT_MAX_BATCH = 32  # for an export without a decode config
+DEFAULT_DECODER_STREAMS = 1
 BATCHING_MODES = ("step", "run")
 
 
 def make_app(model: ServedModel, batching: BatchingConfig = BatchingConfig(), limits: ServeLimits = ServeLimits()):
     """(Starlette app, its DynamicBatcher) for `model`."""
     batching = batching.resolve(model)
-    if batching.mode == "step" and model.engine is not None:
+    if batching.mode == "step":
         batcher = StepBatcher(model.engine(), batching.max_batch, batching.max_wait_ms, batching.max_queue)
     else:
-        batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue)
+        batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue,
+                                 batching.streams)
     return build_app(batcher, model.info, limits, warmup=WARMUP), batcher
 
 
