@@ -101,3 +101,15 @@ def test_resume_restores_and_continues_the_average(bible_tokenizers, tmp_path):
     for (_, shadow), want in zip(optimizer.moving_averages(), expected):
         np.testing.assert_allclose(shadow.numpy(), want, rtol=0, atol=1e-6)
     assert json.loads((tmp_path / EMA_DIR / EMA_FILE).read_text())["step"] == 6
+
+
+def test_benchmark_reports_every_variant(ema_run, tmp_path):
+    report = tmp_path / "ema.json"
+    assert script_main("benchmark_ema")(["--run", str(ema_run), "--mixed-precision", "off", "--every", "1", "3",
+                                         "--rows", "2", "--length", "4", "--steps", "2", "--rounds", "2",
+                                         "--output", str(report)]) == 0
+    result = json.loads(report.read_text())
+    assert list(result["variants"]) == ["no EMA", "EMA every 1", "EMA every 3"]
+    assert all(v["steps"] == 2 and v["median_step_s"] > 0 for v in result["variants"].values())
+    assert result["variants"]["no EMA"]["overhead_pct"] == 0
+    assert result["update_alone_median_s"] > 0 and result["shadow_variables"] > 0

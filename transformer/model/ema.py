@@ -42,18 +42,23 @@ def decay_at(step, decay: float, every: int = 1) -> tf.Tensor:
 def update_shadows(strategy: tf.distribute.Strategy, pairs: list, step, decay: float, every: int) -> None:
     """For `pairs` [(variable, shadow)]: shadow ← shadow − (1 − d)·(shadow − variable) when step % every == 0.
 
-    Called from the optimizer's update (a replica context under a strategy): the shadows of
-    every replica are updated in one cross-replica call, as Keras updates variables.
+    Called from the optimizer's update (a replica context under a strategy), in one
+    cross-replica call. Plain variables (one device) are updated by one XLA-compiled function:
+    one fused pass per variable (read both, write the shadow) instead of three element-wise
+    ops, about half the time on CPU (docs/speed.md); a strategy's distributed variables are
+    updated on every replica's copy, op by op.
     """
     weight = 1.0 - decay_at(step, decay, every)  # () float32
-
-    def move(shadow, variable):
-        shadow.assign_sub(weight * (shadow - variable))
+    variables, shadows = [_tf_variable(v) for v, _ in pairs], [_tf_variable(s) for _, s in pairs]
+    distributed = any(isinstance(v, tf.distribute.DistributedValues) for v in variables + shadows)
 
     def merged(distribution):
         def update_all():
-            for variable, shadow in pairs:
-                distribution.extended.update(_tf_variable(shadow), move, args=(_tf_variable(variable),), group=False)
+            if distributed:
+                for variable, shadow in zip(variables, shadows):
+                    distribution.extended.update(shadow, _move, args=(variable, weight), group=False)
+            else:
+                _fused_move(shadows, variables, weight)
             return tf.constant(True)
 
         if every == 1:
@@ -62,6 +67,16 @@ def update_shadows(strategy: tf.distribute.Strategy, pairs: list, step, decay: f
             tf.cond(tf.equal(step % every, 0), update_all, lambda: tf.constant(False))
 
     tf.__internal__.distribute.interim.maybe_merge_call(merged, strategy)
+
+
+def _move(shadow, variable, weight):
+    shadow.assign_sub(weight * (shadow - variable))
+
+
+@tf.function(jit_compile=True)
+def _fused_move(shadows, variables, weight):
+    for shadow, variable in zip(shadows, variables):
+        _move(shadow, variable, weight)
 
 
 def ema_copy(model: Transformer) -> Transformer:
