@@ -54,7 +54,7 @@ def main(argv=None) -> int:
 
     from transformer.base.config import ModelConfig, RunConfig, TrainConfig
     from transformer.measure.environment import capture_environment
-    from transformer.model.ema import update_shadows
+    from transformer.model.ema import moving_averages, update_shadows
     from transformer.model.optimizer import compile_model
     from transformer.model.transformer import Transformer
     from transformer.runtime import artifacts
@@ -87,25 +87,25 @@ def main(argv=None) -> int:
         print(f"round {round_index + 1}/{args.rounds}" + ("" if round_index else " (warm-up)") + ": " + ", ".join(
             f"{name} {_median(s[-args.steps:]) * 1e3:.1f} ms" for name, s in steps.items() if s), flush=True)
 
-    optimizer = models[f"EMA every {args.every[0]}"].optimizer
-    update = tf.function(lambda: update_shadows(tf.distribute.get_strategy(), optimizer.moving_averages(),
+    pairs = moving_averages(models[f"EMA every {args.every[0]}"].optimizer)
+    update = tf.function(lambda: update_shadows(tf.distribute.get_strategy(), pairs,
                                                 tf.constant(1, tf.int64), args.decay, 1))
     update()
     alone = []
     for _ in range(args.steps * 3):
         start = time.perf_counter()
         update()
-        _ = optimizer.moving_averages()[0][1].numpy()[0]  # wait for the update
+        _ = pairs[0][1].numpy()  # wait for the update
         alone.append(time.perf_counter() - start)
     base = _median(steps["no EMA"])
     results = {name: {"median_step_s": _median(s), "overhead_pct": 100 * (_median(s) / base - 1), "steps": len(s)}
                for name, s in steps.items()}
-    parameters = sum(int(np.prod(v.shape)) for v, _ in optimizer.moving_averages())
+    parameters = sum(int(np.prod(v.shape)) for v, _ in pairs)
     report = dict(command=" ".join(sys.argv), model=model_config.__dict__, policy=policy, decay=args.decay,
                   batch=[args.rows, args.length], trainable_parameters=parameters,
-                  shadow_variables=len(optimizer.moving_averages()), update_alone_median_s=_median(alone),
+                  shadow_variables=len(pairs), update_alone_median_s=_median(alone),
                   variants=results, environment=capture_environment())
-    print(f"\n{parameters:,} parameters in {len(optimizer.moving_averages())} variables, policy {policy}, "
+    print(f"\n{parameters:,} parameters in {len(pairs)} variables, policy {policy}, "
           f"batch {args.rows} x {args.length}\n\n| variant | median step | vs no EMA |\n|---|---|---|")
     for name, result in results.items():
         print(f"| {name} | {result['median_step_s'] * 1e3:.1f} ms | {result['overhead_pct']:+.1f}% |")

@@ -79,13 +79,19 @@ def _fused_move(shadows, variables, weight):
         _move(shadow, variable, weight)
 
 
+def moving_averages(optimizer) -> list:
+    """[(trainable variable, its moving average)] of `FusedAdam(ema_decay=…)`, also inside the
+    LossScaleOptimizer that Keras wraps it in under mixed_float16; [] without an average."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    return optimizer.moving_averages() if hasattr(optimizer, "moving_averages") else []
+
+
 def ema_copy(model: Transformer) -> Transformer:
     """A built copy of `model` holding its optimizer's moving averages (`FusedAdam(ema_decay=…)`) as weights.
 
     Trainable weights take their shadow's value, the others (none in the Transformer) the model's.
     """
-    optimizer = model.optimizer
-    shadows = {id(variable): shadow for variable, shadow in optimizer.moving_averages()}
+    shadows = {id(variable): shadow for variable, shadow in moving_averages(model.optimizer)}
     if len(shadows) != len(model.trainable_weights) or any(id(w) not in shadows for w in model.trainable_weights):
         raise ValueError("the optimizer's moving averages are not those of the model's trainable weights")
     copy = Transformer.from_model_config(model.config)
