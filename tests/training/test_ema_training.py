@@ -112,4 +112,4 @@ def test_benchmark_reports_every_variant(ema_run, tmp_path):
     assert list(result["variants"]) == ["no EMA", "EMA every 1", "EMA every 3"]
     assert all(v["steps"] == 2 and v["median_step_s"] > 0 for v in result["variants"].values())
     assert result["variants"]["no EMA"]["overhead_pct"] == 0
-    assert result["update_alone_median_s"] > 0 and result["shadow_variables"] > 0
+    assert all(t > 0 for t in result["update_alone_median_s"].values()) and result["shadow_variables"] > 0
