@@ -106,18 +106,23 @@ def tiny_run(bible_tokenizers, tmp_path_factory) -> Path:
     1 layer, d_model 16, TINY_RUN_STEPS steps, float32, checkpoints at steps 2 and 3. Read-only:
     tests that write into a run directory copy it first."""
     run = tmp_path_factory.mktemp("tiny-run") / "run"
+    assert script_main("train")(tiny_train_argv(bible_tokenizers, run, "--checkpoint-every-steps", "2")) == 0
+    return run
+
+
+def tiny_train_argv(bible_tokenizers, output, *extra: str, steps: int = TINY_RUN_STEPS) -> list[str]:
+    """`scripts/train.py` flags of a tiny run (1 layer, d_model 16, one epoch of `steps` steps, float32) on the
+    session tokenizers' corpus slice, into `output`, then `extra`."""
     data = bible_tokenizers.data_config
     # The training files named explicitly: the same tokenizer key, no validation split to compile.
-    argv = ["--train-src", f"{data.data_dir}/train.pt", "--train-tgt", f"{data.data_dir}/train.en",
+    return ["--train-src", f"{data.data_dir}/train.pt", "--train-tgt", f"{data.data_dir}/train.en",
             "--max-train-examples", str(data.max_train_examples),
             "--max-val-examples", str(data.max_val_examples), "--vocab-size", str(bible_tokenizers.config.vocab_size),
             "--lower-case", "--tokenizers-root", bible_tokenizers.config.root,
             "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32", "--max-length", "24",
-            "--max-tokens", "512", "--epochs", "1", "--steps-per-epoch", str(TINY_RUN_STEPS),
-            "--checkpoint-every-steps", "2", "--bleu-sentences", "0", "--device", "cpu", "--mixed-precision", "off",
-            "--no-probe-peak", "--verbose", "0", "--output", str(run)]
-    assert script_main("train")(argv) == 0
-    return run
+            "--max-tokens", "512", "--epochs", "1", "--steps-per-epoch", str(steps),
+            "--bleu-sentences", "0", "--device", "cpu", "--mixed-precision", "off",
+            "--no-probe-peak", "--verbose", "0", "--output", str(output), *extra]
 
 
 # ---------------------------------------------------------------------------- shared helpers

@@ -34,6 +34,7 @@ ARGV = {
     "serve": ["missing"],
     "benchmark_serving": ["missing"],
     "benchmark_subword": ["--tokenizer", "sentencepiece", "--subword-alpha", "0.1"],
+    "benchmark_ema": [],
 }
 
 CHILD = """

@@ -68,6 +68,8 @@ CASES = [
      r"checkpoint .*ckpt-\d+ is damaged", "--checkpoint"),
     ("no averaged checkpoint", "translate", lambda r, t: ["--model", str(r), "--checkpoint", "averaged", "x"],
      r"no averaged checkpoint in .*averaged", "average_checkpoints.py"),
+    ("no ema checkpoint (trained without --ema-decay)", "translate", lambda r, t: ["--model", str(r), "--checkpoint", "ema", "x"],
+     r"no ema checkpoint in .*/ema", "--ema-decay"),
     ("--model does not exist", "translate", lambda r, t: ["--model", str(t / "nope"), "x"],
      r"nope is neither an exported SavedModel", "--model takes"),
     ("--file missing", "translate", lambda r, t: ["--model", str(r), "--file", str(t / "nope.txt")],

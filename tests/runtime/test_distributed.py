@@ -243,10 +243,11 @@ def test_mirrored_two_replicas_match_one_device_on_the_same_global_batch(tmp_pat
 
 
 def test_train_with_mirrored_strategy_on_two_logical_cpus(corpus, tmp_path):
-    """train() end to end with --strategy mirrored; BatchTimer still measures every step."""
+    """train() end to end with --strategy mirrored; BatchTimer still measures every step; the moving
+    average of the weights (--ema-decay) is kept on both replicas and saved as ema/."""
     run_dir = tmp_path / "run"
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(run_config(corpus, run_dir, strategy="mirrored")))
+    config.write_text(json.dumps(run_config(corpus, run_dir, strategy="mirrored", ema_decay=0.9, ema_every=2)))
     finish(start_worker("train", config, "--logical-cpus", 2), timeout=240)
 
     report = json.loads((run_dir / "report.json").read_text())
@@ -256,6 +257,12 @@ def test_train_with_mirrored_strategy_on_two_logical_cpus(corpus, tmp_path):
     assert "× 2 replicas" in report["run"]["batching"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["optimizer_steps"] == 6 and np.isfinite(summary["train_loss"])
+    assert summary["ema"]["step"] == 6
+    from transformer.inference.rundir import load_trained_model
+
+    averaged, latest = load_trained_model(run_dir, "ema")[0].weights, load_trained_model(run_dir)[0].weights
+    assert all(np.isfinite(a.numpy()).all() for a in averaged)
+    assert sum(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(averaged, latest)) == len(latest)
     from transformer.measure.reports import load_steps
 
     rows = load_steps(run_dir / "report.json", report)

@@ -19,6 +19,7 @@ from transformer.base.config import (
     FINE_TUNE_MODEL_FIELDS,
     PROJECTION_DTYPES,
     RECIPE_MAX_TOKENS,
+    RUN_TRAIN_FIELDS,
     CorpusSpec,
     DataConfig,
     DecodeConfig,
@@ -59,7 +60,8 @@ def quiet_tensorflow() -> None:
 
 # modules of transformer/commands/, each with main(argv)
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
-            "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving", "benchmark_subword")
+            "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving", "benchmark_subword",
+            "benchmark_ema")
 
 
 def command_line(name: str, *args: str) -> list[str]:
@@ -243,6 +245,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="stop after N validation-BLEU evaluations without a new best")
     group.add_argument("--checkpoint-every-steps", type=int, help="also checkpoint every N steps (for averaging)")
     group.add_argument("--keep-checkpoints", type=int, help="latest checkpoints kept (default 5)")
+    group.add_argument("--ema-decay", type=float, metavar="D",
+                       help="keep an exponential moving average of the weights with decay D (e.g. 0.999; warmed "
+                            "up as min(D, (1+step)/(10+step))) beside the model, saved in every checkpoint and at "
+                            "the end as <run>/ema/ (--checkpoint ema); the raw weights stay the run's latest. "
+                            "Default: off")
+    group.add_argument("--ema-every", type=int, metavar="K",
+                       help=f"update the average every K optimizer steps, with decay D^K (default {TrainConfig.ema_every})")
     group.add_argument("--steps-per-epoch", type=int)
     group.add_argument("--validation-steps", type=int)
     group.add_argument("--seed", type=int)
@@ -271,9 +280,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="start a new run (own --output, schedule, step count and budget) from the weights of "
                             "run directory RUN, with its tokenizers and architecture (fine-tuning); see "
                             "--init-checkpoint")
-    group.add_argument("--init-checkpoint", metavar="{latest,best,averaged,PREFIX}",
+    group.add_argument("--init-checkpoint", metavar="{latest,best,averaged,ema,PREFIX}",
                        help="which of RUN's weights --init-from loads: latest (default), best (by validation "
-                            "BLEU), averaged, or a checkpoint prefix")
+                            "BLEU), averaged, ema (RUN's moving average, --ema-decay), or a checkpoint prefix")
     group.add_argument("--verbose", type=int, choices=[0, 1, 2])
     group.add_argument("--label", help="name of this run in step-time reports (default: --output's name)")
     group.add_argument("--no-probe-peak", dest="probe_peak", action="store_false", default=None,
@@ -351,7 +360,8 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     except (ValueError, TypeError) as err:  # validate() names the config key; add the flag
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err
     if config.train.resume:
-        check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer})
+        check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer,
+                                                     "train": {k: v for k, v in train.items() if k in RUN_TRAIN_FIELDS}})
     if config.train.init_from:
         config = apply_init_from(config, {"model": model, "tokenizer": tokenizer})
         try:  # the tokenizers are the run's now
@@ -481,7 +491,8 @@ def add_checkpoint_arg(parser) -> None:
     """Adds --checkpoint: which weights of a training run directory to load."""
     parser.add_argument("--checkpoint", default=CHECKPOINT_CHOICES[0],
                         help="for a run directory: latest (default), best (by validation BLEU), averaged "
-                             "(scripts/average_checkpoints.py) or a checkpoint prefix")
+                             "(scripts/average_checkpoints.py), ema (the moving average of a run trained with "
+                             "--ema-decay) or a checkpoint prefix")
 
 
 def decode_config_from_args(args) -> DecodeConfig:

@@ -216,6 +216,10 @@ class ModelConfig:
 FINE_TUNE_MODEL_FIELDS = ("dropout_rate", "attention_dropout", "activation_dropout")
 
 
+# TrainConfig fields a resumed run keeps from its config.json: the optimizer's state (its EMA shadows) depends on them.
+RUN_TRAIN_FIELDS = ("ema_decay", "ema_every")
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     """How token batches are built (see transformer/data/pipeline.py).
@@ -307,6 +311,10 @@ class TrainConfig:
     early_stop_patience: Optional[int] = None  # stop after N BLEU evaluations without a new best
     checkpoint_every_steps: Optional[int] = None  # also checkpoint every N steps (not only per epoch)
     keep_checkpoints: int = 5  # latest checkpoints kept (checkpoint averaging reads them)
+    # exponential moving average of the weights (transformer/model/ema.py): None = off, else the decay
+    # (e.g. 0.999), the shadow updated every `ema_every` optimizer steps; saved as <run>/ema/ at the end
+    ema_decay: Optional[float] = None
+    ema_every: int = 4
     device: str = "auto"  # auto | cpu | gpu
     mixed_precision: str = "auto"  # auto | off | float16 | bfloat16 (auto: transformer/runtime/precision.py)
     xla: Optional[bool] = None  # None: auto (transformer/runtime/precision.py); True/False: --xla/--no-xla
@@ -315,7 +323,7 @@ class TrainConfig:
     resume: bool = False
     # --init-from: a new run starting from another run's weights (transformer/training/init_from.py)
     init_from: Optional[str] = None  # that run's directory
-    init_checkpoint: str = "latest"  # which of its weights: latest | best | averaged | a checkpoint prefix
+    init_checkpoint: str = "latest"  # which of its weights: latest | best | averaged | ema | a checkpoint prefix
     init_from_step: Optional[int] = None  # the optimizer step of those weights in that run (filled at start)
     verbose: int = 1
     label: str = ""  # name of the run in step-time reports (default: output directory name)
@@ -369,6 +377,10 @@ class TrainConfig:
             raise ValueError(f"train.eval_at must be increasing fractions in (0, 1), got {list(self.eval_at)}")
         if self.bleu_sentences < 0:
             raise ValueError(f"train.bleu_sentences must be >= 0, got {self.bleu_sentences}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"train.ema_decay must be in (0, 1), e.g. 0.999 (or unset: no EMA), got {self.ema_decay}")
+        if isinstance(self.ema_every, bool) or not isinstance(self.ema_every, int) or self.ema_every < 1:
+            raise ValueError(f"train.ema_every must be an integer >= 1 (optimizer steps), got {self.ema_every!r}")
         if self.keep_checkpoints <= 0:
             raise ValueError(f"train.keep_checkpoints must be > 0, got {self.keep_checkpoints}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
@@ -385,7 +397,7 @@ class TrainConfig:
         if self.init_from is not None and not self.init_from.strip():
             raise ValueError("train.init_from must be a run directory, got ''")
         if not self.init_checkpoint.strip():
-            raise ValueError("train.init_checkpoint must be latest, best, averaged or a checkpoint prefix, got ''")
+            raise ValueError("train.init_checkpoint must be latest, best, averaged, ema or a checkpoint prefix, got ''")
         if not self.xla_cache.strip():
             raise ValueError(f"train.xla_cache must be {', '.join(XLA_CACHE_MODES)} or a directory, got ''")
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",

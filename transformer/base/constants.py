@@ -34,7 +34,7 @@ LAYER_NORMS = ("post", "pre")  # --layer-norm
 LR_SCHEDULES = ("inverse-sqrt", "cosine")  # --lr-schedule
 LR_SCALINGS = ("auto", "sqrt", "off")  # --lr-scaling (transformer/model/schedule.py `scale_for_batch`)
 BUDGET_CLOCKS = ("train", "wall")  # --budget-clock (transformer/training/budget.py)
-CHECKPOINT_CHOICES = ("latest", "best", "averaged")  # --checkpoint (or an explicit checkpoint prefix)
+CHECKPOINT_CHOICES = ("latest", "best", "averaged", "ema")  # --checkpoint (or an explicit checkpoint prefix)
 
 
 def one_of(choices: tuple) -> str:

@@ -216,7 +216,7 @@ def export_ctranslate2(model, tokenizer_dir, output, *, config: DecodeConfig = D
 
 def export_run_ctranslate2(run_dir, output, *, checkpoint: str = "latest", config: DecodeConfig = DecodeConfig(),
                            overwrite: bool = False) -> Path:
-    """`export_ctranslate2` of a training run directory's checkpoint (latest, best, averaged, a prefix)."""
+    """`export_ctranslate2` of a training run directory's checkpoint (latest, best, averaged, ema, a prefix)."""
     run_dir = Path(run_dir)
     import_ctranslate2()  # before loading the model: a missing package is the first thing to hear about
     model, _, _ = load_trained_model(run_dir, checkpoint)

@@ -6,6 +6,7 @@ A training run directory (`scripts/train.py --output DIR`) holds:
     checkpoints/         tf.train.CheckpointManager checkpoints (model + optimizer + epoch)
     best/, best.json     the best checkpoint by validation BLEU (weights only)     BEST_DIR, BEST_FILE
     averaged/            the mean of the last N checkpoints (`average_checkpoints`), with averaged.json
+    ema/                 the moving average of the weights at the end of training (--ema-decay), with ema.json
     backup/              mid-epoch snapshots (--backup-every-steps), deleted when fit completes
     tensorboard/         Keras TensorBoard logs (+ tensorboard/bleu)
     report.json, report_steps.csv   the step-time report (written even when training dies)
@@ -14,6 +15,8 @@ A training run directory (`scripts/train.py --output DIR`) holds:
 Checkpoint averaging: averaging the last few checkpoints of a run (Vaswani et al. 2017
 averaged the last 5 or 20) smooths the noise of the final updates; it usually helps most
 when the learning rate is still high at the end. `--checkpoint averaged` loads the result.
+An exponential moving average kept while training (`--ema-decay`, transformer/model/ema.py)
+smooths them over more steps at no extra checkpoints; `--checkpoint ema` loads it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 AVERAGED_DIR = "averaged"
 AVERAGED_FILE = "averaged.json"
+EMA_DIR = "ema"
+EMA_FILE = "ema.json"  # in EMA_DIR: the optimizer step of the average, its decay and update interval
 BACKUP_DIR = "backup"
 TENSORBOARD_DIR = "tensorboard"
 REPORT_FILE = "report.json"
@@ -111,14 +116,17 @@ CHECKPOINT_HINTS = {
     "latest": "train first (scripts/train.py --output <run>); checkpoints are written at every epoch end",
     "best": "best/ is written when training computes validation BLEU (--bleu-sentences > 0)",
     "averaged": "create it with: python scripts/average_checkpoints.py <run>",
+    "ema": "ema/ is written at the end of a run trained with --ema-decay D",
 }
 
 
 def checkpoint_path(run_dir: str | Path, which: str = "latest") -> str:
     """Checkpoint prefix of a run: "latest" (checkpoints/), "best" (by validation BLEU, best/),
-    "averaged" (scripts/average_checkpoints.py, averaged/), or an explicit checkpoint prefix."""
+    "averaged" (scripts/average_checkpoints.py, averaged/), "ema" (the moving average, ema/), or an
+    explicit checkpoint prefix."""
     run_dir = Path(run_dir)
-    directories = dict(zip(CHECKPOINT_CHOICES, (run_dir / CHECKPOINT_DIR, run_dir / BEST_DIR, run_dir / AVERAGED_DIR)))
+    directories = dict(zip(CHECKPOINT_CHOICES, (run_dir / CHECKPOINT_DIR, run_dir / BEST_DIR, run_dir / AVERAGED_DIR,
+                                                run_dir / EMA_DIR)))
     if which not in directories:
         if tf.io.gfile.exists(f"{which}.index"):
             return which
@@ -132,7 +140,7 @@ def checkpoint_path(run_dir: str | Path, which: str = "latest") -> str:
 def load_trained_model(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Transformer, object, RunConfig]:
     """(model with the chosen checkpoint's weights, tokenizers, config) from a run directory.
 
-    `checkpoint`: see `checkpoint_path` (latest, best, averaged or a prefix).
+    `checkpoint`: see `checkpoint_path` (latest, best, averaged, ema or a prefix).
     """
     run_dir = Path(run_dir)
     config = artifacts.load_run_config(run_dir)
@@ -145,7 +153,7 @@ def load_trained_model(run_dir: str | Path, checkpoint: str = "latest") -> tuple
 
 def translator_from_run(run_dir, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest",
                         dtype: str = "float32") -> Translator:
-    """A Translator over a training run directory's checkpoint (latest, best, averaged) and its tokenizers.
+    """A Translator over a training run directory's checkpoint (latest, best, averaged, ema) and its tokenizers.
 
     dtype: "bfloat16" decodes with a bfloat16 copy of the weights (`cast_model`).
     """
@@ -194,9 +202,17 @@ def average_checkpoints(run_dir: str | Path, last: int = 5) -> Path:
         total = values if total is None else [t + v for t, v in zip(total, values)]
     for weight, summed in zip(model.weights, total):
         weight.assign(summed / len(paths))  # cast to the variable's dtype by Keras
-    out_dir = run_dir / AVERAGED_DIR
-    manager = tf.train.CheckpointManager(checkpoint, str(out_dir), max_to_keep=1)
-    prefix = manager.save()
-    atomic.write_json(out_dir / AVERAGED_FILE, {"averaged": paths, "count": len(paths)})
+    prefix = save_weights(model, run_dir / AVERAGED_DIR, AVERAGED_FILE, {"averaged": paths, "count": len(paths)})
     log.info("averaged %d checkpoints → %s", len(paths), prefix)
+    return prefix
+
+
+def save_weights(model: keras.Model, directory: Path, info_file: str, info: dict) -> Path:
+    """Saves `model`'s weights alone as the one checkpoint of `directory` (averaged/, ema/), with `info` as
+    `directory/info_file`; returns the prefix. Non-finite weights are refused; a full disk keeps the previous one."""
+    check_finite_weights(model, f"{directory.name} checkpoint")
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(directory), max_to_keep=1)
+    with saving(f"a checkpoint in {directory}", lambda: manager.latest_checkpoint):
+        prefix = manager.save()
+    atomic.write_json(directory / info_file, info)
     return Path(prefix)

@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from transformer.base.config import RunConfig
+from transformer.model.ema import update_shadows
 from transformer.model.losses import MaskedAccuracy, MaskedSparseCrossEntropy
 from transformer.model.schedule import WarmupCosine, WarmupInverseSqrt
 from transformer.model.transformer import Transformer
@@ -42,7 +43,41 @@ class FusedAdam(keras.optimizers.Adam):
     the slices of a token seen several times in a batch before summing them (Σg², not
     (Σg)²), and the default recipe's learning rate was tuned with that (the fused update on
     embeddings measured −4.3 BLEU at 1,600 steps, docs/recipes.md).
+
+    ema_decay: float or None. With a decay D, a float32 moving average of every trainable
+        variable is kept as one more optimizer variable each (after the moments, so the other
+        variables keep their checkpoint positions), updated every `ema_every` updates
+        (transformer/model/ema.py); the model's weights are never replaced by it. Defaults to None.
     """
+
+    def __init__(self, *args, ema_decay: Optional[float] = None, ema_every: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        if ema_decay is not None and not 0.0 < ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in (0, 1), got {ema_decay}")
+        if ema_every < 1:
+            raise ValueError(f"ema_every must be >= 1, got {ema_every}")
+        self.ema_decay, self.ema_every = ema_decay, int(ema_every)
+        self._ema_shadows = []
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        if self.ema_decay is not None:
+            self._ema_shadows = self.add_optimizer_variables(var_list, "ema")
+
+    def moving_averages(self) -> list:
+        """[(trainable variable, its moving average)] in build order; [] without `ema_decay`."""
+        return list(zip(self._trainable_variables, self._ema_shadows))
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
+        if self._ema_shadows:  # after the update, before `iterations` counts it
+            update_shadows(self._distribution_strategy, self.moving_averages(), self._iterations,
+                           self.ema_decay, self.ema_every)
+
+    def get_config(self):
+        return {**super().get_config(), "ema_decay": self.ema_decay, "ema_every": self.ema_every}
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
@@ -66,7 +101,8 @@ def _handle(variable):
 
 def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras.optimizers.Optimizer:
     """`FusedAdam`(0.9, 0.98, 1e-9) on `schedule` (default: `make_schedule`), masked loss/accuracy, optional XLA,
-    and `--accumulate-steps` micro-batches per update (transformer/model/accumulation.py).
+    `--accumulate-steps` micro-batches per update (transformer/model/accumulation.py), and with
+    `--ema-decay` a moving average of the weights (transformer/model/ema.py).
 
     Under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. The optimizer's
     variables are created here so a checkpoint can restore them before the first step.
@@ -74,7 +110,8 @@ def compile_model(model: Transformer, config: RunConfig, schedule=None) -> keras
     """
     if schedule is None:
         schedule = make_schedule(config, model.config.d_model)
-    optimizer = FusedAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    optimizer = FusedAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                          ema_decay=config.train.ema_decay, ema_every=config.train.ema_every)
     model.accumulate_steps = config.train.accumulate_steps
     model.compile(
         optimizer=optimizer,

@@ -69,7 +69,7 @@ def check_checkpoint(prefix: str) -> None:
     except Exception as err:  # noqa: BLE001 - DataLossError, NotFoundError, OpError
         raise ArtifactError(
             f"checkpoint {prefix} is damaged ({_first_line(err)})",
-            hint="restore it from a copy, choose another with --checkpoint (latest, best, averaged or a "
+            hint="restore it from a copy, choose another with --checkpoint (latest, best, averaged, ema or a "
                  "prefix), or delete it and update the `checkpoint` index file beside it",
         ) from err
 

@@ -3,7 +3,7 @@
 Unlike `--resume`, which continues one run (its optimizer state, step count, schedule and
 budget), `--init-from RUN` starts a *new* run in its own `--output`: a fresh optimizer, the
 step count from 0, its own learning-rate schedule and time budget. Only the model weights
-come from RUN (`--init-checkpoint`: latest by default, or best, averaged, a prefix), and with
+come from RUN (`--init-checkpoint`: latest by default, or best, averaged, ema, a prefix), and with
 them what those weights need: RUN's architecture and tokenizers (copied into the new run, so
 it is self-contained). The new run's config.json records where it started:
 `train.init_from`, `train.init_checkpoint` and `train.init_from_step` (RUN's optimizer step
@@ -25,10 +25,12 @@ import tensorflow as tf
 
 from transformer.base.config import FINE_TUNE_MODEL_FIELDS, ModelConfig, RunConfig
 from transformer.base.errors import ArtifactError, ConfigError, InputError
-from transformer.inference.rundir import BEST_DIR, BEST_FILE, TOKENIZER_DIR, build_model, checkpoint_path
+from transformer.inference.rundir import BEST_DIR, BEST_FILE, EMA_DIR, EMA_FILE, TOKENIZER_DIR, build_model, checkpoint_path
 from transformer.runtime import artifacts
 
 ITERATIONS_KEY = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"  # RunCheckpoints' optimizer step
+# weights-only checkpoints whose step a JSON file records: --init-checkpoint → (their directory, that file), in RUN
+STEP_FILES = {"best": (BEST_DIR, BEST_FILE), "ema": (EMA_DIR, f"{EMA_DIR}/{EMA_FILE}")}
 
 
 @dataclass(frozen=True)
@@ -100,14 +102,15 @@ def open_init_source(config: RunConfig) -> Optional[InitSource]:
 
 
 def _checkpoint_step(prefix: str, run_dir: Path, which: str) -> Optional[int]:
-    """RUN's optimizer step at `prefix`: read from the checkpoint, or best.json for best/ (weights only)."""
+    """RUN's optimizer step at `prefix`: read from the checkpoint, or from best.json for best/ and
+    ema/ema.json for ema/ (weights only)."""
     reader = tf.train.load_checkpoint(prefix)
     if reader.has_tensor(ITERATIONS_KEY):
         return int(reader.get_tensor(ITERATIONS_KEY))
-    best = run_dir / BEST_FILE
-    if which == "best" and Path(prefix).parent == run_dir / BEST_DIR and best.is_file():
-        try:
-            return int(json.loads(best.read_text())["step"])
-        except (ValueError, KeyError, TypeError):
-            return None
-    return None
+    directory, info = STEP_FILES.get(which, (None, None))
+    if directory is None or Path(prefix).parent != run_dir / directory or not (run_dir / info).is_file():
+        return None
+    try:
+        return int(json.loads((run_dir / info).read_text())["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -39,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from transformer.base import atomic
-from transformer.base.config import ModelConfig, RunConfig, check_sampling, parse_profile_steps
+from transformer.base.config import RUN_TRAIN_FIELDS, ModelConfig, RunConfig, check_sampling, parse_profile_steps
 from transformer.base.errors import ConfigError, OutputExistsError
 from transformer.data.corpora import load_corpus
 from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets
@@ -48,15 +48,19 @@ from transformer.inference.rundir import (
     BACKUP_DIR,
     CHECKPOINT_DIR,
     CONFIG_FILE,
+    EMA_DIR,
+    EMA_FILE,
     REPORT_FILE,
     SUMMARY_FILE,
     TENSORBOARD_DIR,
     TOKENIZER_DIR,
     RunCheckpoints,
     build_model,
+    save_weights,
 )
 from transformer.inference.translator import DecodeConfig, Translator
 from transformer.measure.reports import StepTimeReport
+from transformer.model.ema import ema_copy
 from transformer.model.optimizer import compile_model, make_schedule
 from transformer.model.transformer import Transformer
 from transformer.runtime import distribute
@@ -255,6 +259,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         tokenizers, tokenizer_dir = load_tokenizers(saved_tokenizers), saved_tokenizers
         saved = RunConfig.load(run_dir / CONFIG_FILE)
         config = dataclasses.replace(config, tokenizer=saved.tokenizer)
+        kept = {k: getattr(saved.train, k) for k in RUN_TRAIN_FIELDS}  # the optimizer's state is laid out by them
+        if kept != {k: getattr(config.train, k) for k in RUN_TRAIN_FIELDS}:
+            log.warning("--resume: the run's %s, not the config's", ", ".join(f"{k}={v}" for k, v in kept.items()))
+            config = config.replace(train=kept)
         if init is None and saved.train.init_from:  # resumed without --init-from: the run still records its start
             config = config.replace(train={k: getattr(saved.train, k)
                                            for k in ("init_from", "init_checkpoint", "init_from_step")})
@@ -388,7 +396,9 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
             report.run["resumed_from_backup"] = backup.restored
             initial_epoch = backup.restored["epoch"]
 
+    ema = _save_ema(model, optimizer, config, write_dir) if config.train.ema_decay is not None else None
     summary = _summary(history, optimizer, config, time.perf_counter() - started, initial_epoch)
+    summary["ema"] = ema
     summary["train_time_s"] = round(clock.seconds, 1)  # wall seconds with --budget-clock wall
     summary["budget_clock"] = config.train.budget_clock if budget_s is not None else None
     summary["time_s"] = {"startup": round(startup_s, 1),
@@ -410,6 +420,15 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     atomic.write_json(write_dir / SUMMARY_FILE, summary)
     # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
     return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
+
+
+def _save_ema(model: Transformer, optimizer, config: RunConfig, write_dir: Path) -> dict:
+    """Saves the moving average of the weights as <run>/ema/ (`--checkpoint ema`); returns what ema.json records."""
+    info = {"step": int(optimizer.iterations.numpy()), "decay": config.train.ema_decay, "every": config.train.ema_every}
+    prefix = save_weights(ema_copy(model), write_dir / EMA_DIR, EMA_FILE, info)
+    log.info("moving average of the weights (decay %g, every %d steps) at step %d → %s",
+             info["decay"], info["every"], info["step"], prefix)
+    return {**info, "checkpoint": str(prefix)}
 
 
 def _with_decision(requested: RunConfig, decision: PrecisionDecision, config: Optional[RunConfig] = None) -> RunConfig:
