@@ -15,12 +15,11 @@ variant and its overhead against no EMA, to JSON and stdout.
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-from transformer.base import cli
+from transformer.base import atomic, cli
 from transformer.base.constants import PRECISIONS
 from transformer.base.errors import command
 
@@ -122,8 +121,7 @@ def main(argv=None) -> int:
     for name, times in alone.items():
         print(f"| the shadow update alone, {name} | {_median(times) * 1e3:.1f} ms | |")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(report, indent=2, default=str))
+        atomic.write_json(args.output, report, default=str)
         print(f"wrote {args.output}")
     return 0
 

@@ -15,12 +15,11 @@ CPU seconds are what the pipeline takes from the cores a training step would use
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
 
-from transformer.base import cli
+from transformer.base import atomic, cli
 from transformer.base.errors import ConfigError, command
 
 
@@ -77,8 +76,7 @@ def main(argv=None) -> int:
                   sampling=dict(nbest=pipeline.subword_nbest, alpha=pipeline.subword_alpha),
                   max_tokens=pipeline.max_tokens, environment=capture_environment(), passes=results)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(report, indent=2, default=str))
+        atomic.write_json(args.output, report, default=str)
         print(f"wrote {args.output}")
     return 0
 
