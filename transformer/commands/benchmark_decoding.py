@@ -72,9 +72,10 @@ def main(argv=None) -> int:
                         help="CTranslate2 compute types with --compare (default: float32 int8)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="CTranslate2 threads per translation with --compare (default: all cores)")
-    parser.add_argument("--streams", type=int, nargs="+", default=[1],
+    parser.add_argument("--streams", type=int, nargs="+", default=[DecodeConfig().streams],
                         help="with --compare: export each of our engines with each of these DecodeConfig.streams "
-                             "(chunks decoded at once); with --streams-probe: the streams compared (default 1)")
+                             "(chunks decoded at once); with --streams-probe: the streams compared (default "
+                             f"{DecodeConfig().streams}, as exports)")
     parser.add_argument("--ct2-inter-threads", type=int, nargs="+", default=[1],
                         help="with --compare: CTranslate2 inter_threads settings (batches decoded at once), each "
                              "with --threads / inter_threads intra-op threads (default 1)")
@@ -281,7 +282,7 @@ def _compare(args, argv) -> int:
                 variant = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), variant.config)
             path = export_translator(variant, Path(scratch) / f"{name}-{streams}")
             label = (f"ours SavedModel{' bfloat16' if 'bf16' in name else ''}{' beam 4' if beam > 1 else ''}"
-                     f"{' (XLA)' if xla else ''}{f', {streams} streams' if args.streams != [1] else ''}")
+                     f"{' (XLA)' if xla else ''}{f', {streams} streams' if args.streams != [DecodeConfig().streams] else ''}")
             engines[label], cold_start[label] = _cold_start(lambda: load_exported(path), sources[:args.chunk_size])
             described[label] = variant.config.to_dict()
         for directory in args.exports:
