@@ -168,6 +168,8 @@ CASES = [
      "--block-lines must be > 0, got 0", 2),
     ("translate: --beam 0", "translate", lambda t: ["--model", str(t), "--beam", "0", "olá"], {},
      r"beam_size must be >= 1, got 0 \(flag --beam\)", 2),
+    ("translate: --intra-op-threads -1", "translate", lambda t: ["--model", str(t), "--intra-op-threads", "-1", "olá"],
+     {}, r"--intra-op-threads must be >= 0 \(0 = TensorFlow's default\), got -1", 2),
     ("export: --drop-finished 1", "export", lambda t: ["--run", str(t), "--output", str(t / "x"), "--drop-finished", "1"],
      {}, r"drop_finished must be in \[0, 1\), got 1.0 \(flag --drop-finished\)", 2),
     ("export: --projection-dtype bfloat16 --xla", "export",

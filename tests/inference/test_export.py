@@ -11,7 +11,7 @@ import tensorflow as tf
 from helpers_process import run_without_project
 from helpers_translation import BAD_INPUTS, tiny_translator
 
-from transformer.inference.export import export_translator, load_exported
+from transformer.inference.export import MANIFEST, decode_config_of, export_translator, load_exported
 from transformer.inference.translator import DecodeConfig
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou."] + BAD_INPUTS
@@ -63,7 +63,7 @@ def test_loader_matches_in_memory_translator(exported):
     translator, path = exported
     loaded = load_exported(path)
     assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
-    assert loaded.manifest["decode"]["streams"] == 2  # the default: chunks decoded by two loops at once
+    assert loaded.manifest["decode"]["streams"] == DecodeConfig().streams > 1  # the default: several loops at once
     assert loaded.translate(SENTENCES) == translator.with_config(streams=1).translate(SENTENCES)
     texts, lengths = loaded.translate_with_lengths(SENTENCES[:2])
     assert texts == translator.translate(SENTENCES[:2]) and len(lengths) == 2
@@ -135,3 +135,16 @@ def test_sentencepiece_export_is_deterministic_and_matches_in_a_fresh_process(tm
     assert load_exported(path).translate(SENTENCES) == expected
     out = run_without_project(FRESH_PROCESS, str(path), cwd=path.parent, stdin=_to_json(SENTENCES), timeout=600)
     assert out["translations"] == expected
+
+
+def test_decode_config_of_reads_an_export_without_loading_it(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "saved_model.pb").write_bytes(b"")  # never parsed: only translator.json is read
+    (export / MANIFEST).write_text(json.dumps({"decode": {"beam_size": 4, "streams": 5, "unknown_field": 1}}))
+    assert decode_config_of(export, DecodeConfig(streams=2)) == DecodeConfig(beam_size=4, streams=5)
+    (export / MANIFEST).write_text(json.dumps({"decode": {"beam_size": 1}}))  # exported before streams existed
+    assert decode_config_of(export).streams == 1
+    run = tmp_path / "run"
+    run.mkdir()
+    assert decode_config_of(run, DecodeConfig(streams=2)).streams == 2  # a run directory decodes as told

@@ -26,6 +26,7 @@ from helpers_translation import BAD_INPUTS, tiny_translator
 from transformer.base import cli
 from transformer.inference.export import export_translator, load_exported
 from transformer.inference.translator import DecodeConfig
+from transformer.runtime.threads import Threads, decoding_threads
 from transformer.serving.app import ServeLimits
 from transformer.serving.loadtest import make_requests, run_clients, share
 from transformer.serving.server import BatchingConfig, ServerThread, load_model
@@ -144,6 +145,18 @@ def test_step_batching_refuses_decoder_streams(model):
     with pytest.raises(ValueError, match="step-level batching decodes on one thread"):
         BatchingConfig(mode="step", streams=2).resolve(model)
     assert BatchingConfig(mode="step").resolve(model).streams == 1
+
+
+def test_thread_pools_follow_the_batching(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "saved_model.pb").write_bytes(b"")
+    (export / "translator.json").write_text(json.dumps({"decode": {"streams": 5}}))
+    assert BatchingConfig(mode="step").threads(export) == Threads()  # one thread drives the batch: TF's defaults
+    assert BatchingConfig(mode="run", streams=3).threads(tmp_path, DecodeConfig(streams=1)) == decoding_threads(3)
+    assert BatchingConfig(mode="run").threads(tmp_path, DecodeConfig(streams=1)) == decoding_threads(2)
+    assert BatchingConfig(mode="run").threads(export) == decoding_threads(5)  # the export's own loops
+    assert BatchingConfig(mode="run").threads(export, intra_op=0).intra_op == 0
 
 
 def big(n):

@@ -487,6 +487,25 @@ def add_decode_args(parser) -> None:
                        help=f"chunks decoded at once, each by its own loop (default {defaults.streams})")
 
 
+def add_thread_args(parser) -> None:
+    """Adds --intra-op-threads / --inter-op-threads: TensorFlow's CPU thread pools of a decoding command."""
+    group = parser.add_argument_group("threads")
+    group.add_argument("--intra-op-threads", type=int, metavar="N",
+                       help="threads one TensorFlow op may use (default: 1 when the model decodes several streams, "
+                            "else one per core; 0 = TensorFlow's default)")
+    group.add_argument("--inter-op-threads", type=int, metavar="N",
+                       help="TensorFlow ops run at once (default: one per decoding stream, at least one per core; "
+                            "0 = TensorFlow's default)")
+
+
+def check_thread_args(args) -> None:
+    """ConfigError naming the flag when --intra-op-threads / --inter-op-threads is negative."""
+    for flag in ("intra_op_threads", "inter_op_threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0 (0 = TensorFlow's default), got {value}")
+
+
 def add_checkpoint_arg(parser) -> None:
     """Adds --checkpoint: which weights of a training run directory to load."""
     parser.add_argument("--checkpoint", default=CHECKPOINT_CHOICES[0],

@@ -425,9 +425,11 @@ class DecodeConfig:
     projection_dtype: without jit_compile, the output projection's matmul dtype: "float32"
         or "bfloat16" (logits rounded to bfloat16; for bfloat16 exports, docs/speed.md).
     streams: chunks decoded at once, each by its own loop (chunks k, k + streams, … go to
-        loop k); a decoder step is bound by its many small kernels, so on a few cores two
-        loops overlap their dispatch: 1.41× the sentences/s of one loop (float32, chunks of
-        64; docs/speed.md, "Decoding streams").
+        loop k); a decoder step is bound by its many small kernels, so on a few cores the
+        loops overlap their dispatch. On 2 cores, with TensorFlow's default thread pools, two
+        loops gave 1.41× the sentences/s of one and three the same as two; with the pools of
+        `runtime.threads.decoding_threads` (one intra-op thread), three gave 1.46× (float32)
+        and 1.63× (bfloat16) the default pools' two (docs/speed.md, "Thread settings").
     """
 
     beam_size: int = 1  # greedy: beam 4 gains ~1.3 BLEU at a fraction of the speed (docs/recipes.md, Decoding)
@@ -439,7 +441,7 @@ class DecodeConfig:
     length_bucket: int = 16
     drop_finished: float = 0.75
     projection_dtype: str = "float32"
-    streams: int = 2
+    streams: int = 3
 
     def validate(self) -> "DecodeConfig":
         if self.beam_size < 1:

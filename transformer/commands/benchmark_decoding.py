@@ -91,7 +91,9 @@ def main(argv=None) -> int:
                              "projection, cache updates, token selection, beam cache reorder, loop overhead, "
                              "detokenize; without XLA) into <run>/decoding_profile.json")
     parser.add_argument("--beam", type=int, default=1, help="with --profile: beam size (default 1: greedy)")
+    cli.add_thread_args(parser)
     args = parser.parse_args(argv)
+    cli.check_thread_args(args)
     cli.start()
     if sum(map(bool, (args.compare, args.profile, args.streams_probe))) > 1:
         raise ConfigError("--compare, --profile and --streams-probe: choose one")
@@ -104,6 +106,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--dtype {args.dtype}: given with --profile or --streams-probe only")
     if args.beam < 1:
         raise ConfigError(f"--beam {args.beam}: must be >= 1")
+    _configure_threads(args)
     if args.compare:
         return _compare(args, argv)
     if args.profile:
@@ -143,9 +146,22 @@ def main(argv=None) -> int:
     return 0
 
 
+def _configure_threads(args):
+    """TensorFlow's pools for our engines, one setting per process: those of the most --streams
+    (`runtime.threads.decoding_threads`), unless --intra-op-threads / --inter-op-threads say."""
+    from transformer.runtime.threads import configure_threads, decoding_threads
+
+    return configure_threads(decoding_threads(max(args.streams), intra_op=args.intra_op_threads,
+                                              inter_op=args.inter_op_threads))
+
+
 def _provenance(args, argv, tf, started: float) -> dict:
-    """What every decoding report records: the run, data, command, machine and wall time since `started`."""
+    """What every decoding report records: the run, data, command, machine, TensorFlow's thread
+    pools and wall time since `started`."""
+    from transformer.runtime.threads import current_threads
+
     return {
+        "threads": current_threads().describe(),
         "run": str(Path(args.run).resolve()),
         "data": f"{args.data} ({args.split})",
         "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -222,10 +238,7 @@ def _streams_probe(args, argv) -> int:
         started = time.perf_counter()
         report = compare_engines(engines, sources, repeats=args.repeats)
     report.update(_provenance(args, argv, tf, started))
-    report.update({"dtype": args.dtype, "threads": {"inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-                                                    "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-                                                    **{k: v for k, v in os.environ.items() if k.startswith("TF_NUM_")}},
-                   "table": comparison_table(report)})
+    report.update({"dtype": args.dtype, "table": comparison_table(report)})
     output = Path(args.output) if args.output else Path(args.run) / "decoding_streams.json"
     save_report(report, output)
     print(report["table"])

@@ -43,11 +43,13 @@ def main(argv=None) -> int:
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
                              "else run); run: length-sorted runs, each decoded to its end (default run)")
     parser.add_argument("--decoder-streams", type=int,
-                        help="with run batching, decoder calls running at once (default 1; step batching "
+                        help="with run batching, decoder calls running at once (default 2; step batching "
                              "decodes on one thread)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
     cli.add_decode_args(parser)
+    cli.add_thread_args(parser)
     args = parser.parse_args(argv)
+    cli.check_thread_args(args)
     for flag in ("requests", "max_texts_per_request", "rounds"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
@@ -63,27 +65,32 @@ def main(argv=None) -> int:
     sentences = _sentences(args.sentences)
 
     from transformer.measure.environment import capture_environment
+    from transformer.runtime.threads import configure_threads
     from transformer.serving.app import ServeLimits
     from transformer.serving.loadtest import benchmark
     from transformer.serving.server import BatchingConfig, load_model
 
-    model = load_model(args.model, cli.decode_config_from_args(args), args.checkpoint)
+    decode = cli.decode_config_from_args(args)
+    batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching, streams=args.decoder_streams)
+    threads = configure_threads(batching.threads(args.model, decode, intra_op=args.intra_op_threads,
+                                                 inter_op=args.inter_op_threads))
+    model = load_model(args.model, decode, args.checkpoint)
     try:
-        batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching,
-                                  streams=args.decoder_streams).resolve(model)
+        batching = batching.resolve(model)
     except ValueError as err:
         raise ConfigError(f"--decoder-streams {args.decoder_streams}: {err}") from err
     limits = ServeLimits(max_texts=max(args.max_texts_per_request, ServeLimits.max_texts))
     report = benchmark(model, sentences, args.concurrency, args.requests, args.max_texts_per_request,
                        batching=batching, limits=limits, rounds=args.rounds)
     report.update({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": list(os.getloadavg()),
+                   "threads": threads.describe(),
                    "environment": capture_environment(),
                    "command": ["transformer-benchmark-serving", *(sys.argv[1:] if argv is None else argv)]})
     atomic.write_json(args.output, report)
     offline = report["offline"]
     print(f"offline: {offline['sentences_per_s']:.1f} sentences/s ({report['sentences']} sentences, "
           f"chunks of {offline['chunk_size']}); server --max-batch {batching.max_batch}, {report['batching']['used']} batching, "
-          f"{batching.streams} decoder stream(s):")
+          f"{batching.streams} decoder stream(s), TensorFlow {threads.describe()}:")
     for level in report["levels"]:
         latency = level["latency_ms"]
         print(f"  {level['clients']:3d} clients: {level['sentences_per_s']:6.1f} sentences/s = "

@@ -34,17 +34,22 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="warm timing passes after the cold one (default 1)")
     parser.add_argument("--output", default="eval.json", help="JSON report path (default eval.json)")
     cli.add_decode_args(parser)
+    cli.add_thread_args(parser)
     args = parser.parse_args(argv)
+    cli.check_thread_args(args)
+    config = cli.decode_config_from_args(args)
     cli.start()
 
     from transformer.data.corpora import load_split
     from transformer.inference.evaluation import evaluate, save_report
-    from transformer.inference.export import open_translator
+    from transformer.inference.export import configure_decoding_threads, open_translator
+
+    threads = configure_decoding_threads(args.model, config, intra_op=args.intra_op_threads,
+                                         inter_op=args.inter_op_threads)
 
     sources, references = load_split(
         src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,
         tfds_data_dir=args.tfds_data_dir, limit=args.limit)
-    config = cli.decode_config_from_args(args)
     translator = open_translator(args.model, config, args.checkpoint)
     description = {
         "model": str(Path(args.model).resolve()),
@@ -52,6 +57,7 @@ def main(argv=None) -> int:
         "split": None if args.src else args.split,
         "decode": getattr(translator, "config", None) and translator.config.to_dict(),
         "exported_decode": getattr(translator, "manifest", {}).get("decode"),
+        "threads": threads.describe(),
         "command": " ".join(sys.argv),
     }
     report = evaluate(translator.translate_with_lengths, sources, references, repeats=args.repeats,

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
                              "else run); run: length-sorted runs, each decoded to its end (default run)")
     group.add_argument("--decoder-streams", type=int,
-                        help="with run batching, decoder calls running at once (default 1; step batching "
+                        help="with run batching, decoder calls running at once (default 2; step batching "
                              "decodes on one thread)")
     group.add_argument("--max-queue", type=int, default=1024,
                        help="most sentences waiting; beyond it 503 with Retry-After (default 1024)")
@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     group.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB; more: 413)")
     group.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take (default 30; then 504)")
     cli.add_decode_args(parser)
+    cli.add_thread_args(parser)
     args = parser.parse_args(argv)
+    cli.check_thread_args(args)
     for name, flag in POSITIVE.items():
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ConfigError(f"{flag} must be > 0, got {getattr(args, name)}")
@@ -61,13 +63,17 @@ def main(argv=None) -> int:
                           "a request that large could never be queued")
     cli.start()
 
+    from transformer.runtime.threads import configure_threads
     from transformer.serving.app import ServeLimits
     from transformer.serving.server import BatchingConfig, bind, load_model, serve
 
+    decode = cli.decode_config_from_args(args)
     batching = BatchingConfig(args.max_batch, args.max_wait_ms, args.max_queue, args.batching, args.decoder_streams)
     limits = ServeLimits(args.max_texts, args.max_chars, args.max_body_bytes, args.timeout)
     sock = bind(args.host, args.port)  # a port in use fails before the model loads
-    model = load_model(args.model, cli.decode_config_from_args(args), args.checkpoint)
+    configure_threads(batching.threads(args.model, decode, intra_op=args.intra_op_threads,
+                                       inter_op=args.inter_op_threads))
+    model = load_model(args.model, decode, args.checkpoint)
     try:
         batching = batching.resolve(model)
     except ValueError as err:

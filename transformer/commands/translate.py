@@ -55,19 +55,24 @@ def main(argv=None) -> int:
                         help="draw the cross-attention heatmap of the first sentence to this file")
     parser.add_argument("--head", type=int, help="plot one attention head (default: mean over heads)")
     cli.add_decode_args(parser)
+    cli.add_thread_args(parser)
     args = parser.parse_args(argv)
     if args.block_lines <= 0:
         raise ConfigError(f"--block-lines must be > 0, got {args.block_lines}")
+    cli.check_thread_args(args)
+    config = cli.decode_config_from_args(args)
     cli.start()
 
     from tqdm import tqdm
 
-    from transformer.inference.export import open_translator
+    from transformer.inference.export import configure_decoding_threads, open_translator
     from transformer.inference.streaming import translate_blocks
+
+    configure_decoding_threads(args.model, config, intra_op=args.intra_op_threads, inter_op=args.inter_op_threads)
 
     with contextlib.ExitStack() as stack:
         lines, total = open_input(args, stack)
-        translator = open_translator(args.model, cli.decode_config_from_args(args), args.checkpoint)
+        translator = open_translator(args.model, config, args.checkpoint)
         out = stack.enter_context(atomic.open_text(args.output)) if args.output else sys.stdout
         show = args.progress if args.progress is not None else bool(args.output) or sys.stderr.isatty()
         bar = stack.enter_context(tqdm(total=total, unit=" sentences", unit_scale=True, file=sys.stderr,

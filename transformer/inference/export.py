@@ -11,8 +11,14 @@ The tokenizers travel inside (their vocabularies are SavedModel assets), so load
 only `import tensorflow, tensorflow_text` — tensorflow_text registers the tokenizer ops:
 
     import tensorflow as tf, tensorflow_text  # noqa: F401
+    tf.config.threading.set_intra_op_parallelism_threads(1)  # optional, before loading: see below
     translate = tf.saved_model.load(path).signatures["serving_default"]
     translate(sentences=tf.constant(["olá mundo"]))["translations"]
+
+An export decodes its chunks in `DecodeConfig.streams` loops at once; the loading process's
+thread pools decide how fast (`runtime.threads.decoding_threads`: on 2 cores one intra-op
+thread and one inter-op thread per loop, 1.46× TensorFlow's defaults); `configure_decoding_threads`
+sets them for the commands, before anything is loaded.
 
 The directory also holds `translator.json` (decode config, model config, versions). The
 SavedModel is written to a temporary sibling and renamed into place, so a failed export
@@ -35,6 +41,7 @@ from transformer.base.errors import MissingFileError, OutputExistsError
 from transformer.inference.rundir import is_run_dir, translator_from_run
 from transformer.inference.translator import DecodeConfig, as_string_batch
 from transformer.runtime.artifacts import EXPORT_HINT, load_saved_model
+from transformer.runtime.threads import Threads, configure_threads, decoding_threads
 
 SERVING_SIGNATURE = "serving_default"
 ATTENTION_SIGNATURE = "attention"
@@ -127,6 +134,32 @@ class ExportedTranslator:
 
     def attention(self, sentences) -> dict[str, np.ndarray]:
         return {k: v.numpy() for k, v in self.attention_signature(**{INPUT_KEY: as_string_batch(sentences)}).items()}
+
+
+def decode_config_of(path: str | Path, config: DecodeConfig = DecodeConfig()) -> DecodeConfig:
+    """The DecodeConfig `open_translator(path, config)` decodes with, read without loading anything.
+
+    An export decodes as exported (its translator.json; one loop when that predates streams);
+    a run directory with `config`.
+    """
+    path = Path(path)
+    if not (path / "saved_model.pb").is_file():
+        return config
+    manifest = path / MANIFEST
+    decode = json.loads(manifest.read_text()).get("decode", {}) if manifest.is_file() else {}
+    fields = {k: v for k, v in decode.items() if k in DecodeConfig.__dataclass_fields__}
+    return DecodeConfig(**{"streams": 1, **fields})
+
+
+def configure_decoding_threads(path: str | Path, config: DecodeConfig = DecodeConfig(), *,
+                               intra_op: Optional[int] = None, inter_op: Optional[int] = None) -> Threads:
+    """Sets TensorFlow's thread pools for decoding `path` (call it before loading anything).
+
+    `runtime.threads.decoding_threads` for the streams `path` decodes with; `intra_op` /
+    `inter_op` (flags, 0 = TensorFlow's default) replace its choice. Returns the pools in effect.
+    """
+    return configure_threads(decoding_threads(decode_config_of(path, config).streams, intra_op=intra_op,
+                                              inter_op=inter_op))
 
 
 def load_exported(path: str | Path) -> ExportedTranslator:

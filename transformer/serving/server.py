@@ -29,6 +29,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transformer.base.config import DecodeConfig
 from transformer.base.errors import InputError
+from transformer.runtime.threads import decoding_threads
 from transformer.serving.app import ServeLimits, build_app
 from transformer.serving.batching import DynamicBatcher, StepBatcher
 
@@ -108,6 +109,23 @@ class BatchingConfig:
         if self.streams is not None and self.streams < 1:
             raise ValueError(f"decoder streams must be >= 1, got {self.streams}")
 
+    def planned_streams(self) -> int:
+        """Decoder calls at once as `resolve` sets them for a model that can step (known before loading)."""
+        return self.streams or (1 if self.mode == "step" else DEFAULT_DECODER_STREAMS)
+
+    def threads(self, path: str | Path, decode: DecodeConfig = DecodeConfig(), *, intra_op: Optional[int] = None,
+                inter_op: Optional[int] = None):
+        """TensorFlow's pools for serving `path` (`runtime.threads.decoding_threads`; set them before loading).
+
+        Run batching: one loop per decoder call or per stream of the export, whichever is more, so
+        kernels run inline (intra-op 1 on 2 cores) and the calls fill the cores. Step batching
+        drives one batch on one thread: TensorFlow's defaults, its ops split over the cores.
+        """
+        from transformer.inference.export import decode_config_of
+
+        loops = 1 if self.mode == "step" else max(self.planned_streams(), decode_config_of(path, decode).streams)
+        return decoding_threads(loops, intra_op=intra_op, inter_op=inter_op)
+
     def resolve(self, model: ServedModel) -> "BatchingConfig":
         """This config with `max_batch` (the model's chunk_size where None), `mode` (run where the
         model has no step engine) and `streams` set."""
@@ -115,13 +133,13 @@ class BatchingConfig:
         if mode == "step" and (self.streams or 1) > 1:
             raise ValueError(f"{self.streams} decoder streams: step-level batching decodes on one thread "
                              "(use run batching)")
-        return replace(self, mode=mode, streams=self.streams or (1 if mode == "step" else DEFAULT_DECODER_STREAMS),
+        return replace(self, mode=mode, streams=replace(self, mode=mode).planned_streams(),
                        max_batch=self.max_batch or int(model.info.get("decode", {}).get("chunk_size")
                                                        or DEFAULT_MAX_BATCH))
 
 
 DEFAULT_MAX_BATCH = 32  # for an export without a decode config
-DEFAULT_DECODER_STREAMS = 1
+DEFAULT_DECODER_STREAMS = 2  # with intra-op 1: 16 clients 1.26x one call's sentences/s (docs/serving.md)
 BATCHING_MODES = ("step", "run")
 
 
