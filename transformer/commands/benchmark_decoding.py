@@ -161,7 +161,7 @@ def _provenance(args, argv, tf, started: float) -> dict:
     from transformer.runtime.threads import current_threads
 
     return {
-        "threads": current_threads().describe(),
+        "threads": current_threads().to_dict(),
         "run": str(Path(args.run).resolve()),
         "data": f"{args.data} ({args.split})",
         "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),

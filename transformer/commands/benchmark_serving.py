@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     report = benchmark(model, sentences, args.concurrency, args.requests, args.max_texts_per_request,
                        batching=batching, limits=limits, rounds=args.rounds)
     report.update({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": list(os.getloadavg()),
-                   "threads": threads.describe(),
+                   "threads": threads.to_dict(),
                    "environment": capture_environment(),
                    "command": ["transformer-benchmark-serving", *(sys.argv[1:] if argv is None else argv)]})
     atomic.write_json(args.output, report)

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         "split": None if args.src else args.split,
         "decode": getattr(translator, "config", None) and translator.config.to_dict(),
         "exported_decode": getattr(translator, "manifest", {}).get("decode"),
-        "threads": threads.describe(),
+        "threads": threads.to_dict(),
         "command": " ".join(sys.argv),
     }
     report = evaluate(translator.translate_with_lengths, sources, references, repeats=args.repeats,

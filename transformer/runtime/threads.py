@@ -36,6 +36,10 @@ class Threads:
     intra_op: int = 0
     inter_op: int = 0
 
+    def to_dict(self) -> dict:
+        """For JSON reports: {"intra_op": n, "inter_op": m}, 0 = TensorFlow's default."""
+        return {"intra_op": self.intra_op, "inter_op": self.inter_op}
+
     def describe(self) -> str:
         def count(n):
             return str(n) if n else "default"
