@@ -89,6 +89,10 @@ class PositionalEmbedding(keras.layers.Layer):
         positions = tf.slice(tf.constant(self._table), [start_index, 0], [length, self.d_model])
         return x + tf.cast(positions, x.dtype)[tf.newaxis]
 
+    def position_encoding(self, index) -> tf.Tensor:
+        """The sinusoidal encoding of position `index` (int32 scalar): float32 `[d_model]`, as `call` adds it."""
+        return tf.gather(tf.constant(self._table), index)
+
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model,
                 "max_length": self.max_length}

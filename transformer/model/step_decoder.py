@@ -122,7 +122,7 @@ class StepDecoder:
         embedding = self.model.tgt_embedding
         x = tf.cast(tf.gather(embedding.embedding.embeddings, ids), self.dtype)  # [B, d]
         x = x * tf.cast(math.sqrt(self.d_model), self.dtype)
-        x = x + tf.cast(tf.gather(tf.constant(embedding._table), index), self.dtype)
+        x = x + tf.cast(embedding.position_encoding(index), self.dtype)
         new_cache, scores = [], None
         for layer, w, (cross_k, cross_v), (keys, values) in zip(
                 self.model.decoder_layers, context["weights"], context["cross"], cache):
