@@ -65,20 +65,14 @@ def main(argv=None) -> int:
     sentences = _sentences(args.sentences)
 
     from transformer.measure.environment import capture_environment
-    from transformer.runtime.threads import configure_threads
     from transformer.serving.app import ServeLimits
     from transformer.serving.loadtest import benchmark
-    from transformer.serving.server import BatchingConfig, load_model
+    from transformer.serving.server import BatchingConfig, load_for_serving
 
-    decode = cli.decode_config_from_args(args)
     batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching, streams=args.decoder_streams)
-    threads = configure_threads(batching.threads(args.model, decode, intra_op=args.intra_op_threads,
-                                                 inter_op=args.inter_op_threads))
-    model = load_model(args.model, decode, args.checkpoint)
-    try:
-        batching = batching.resolve(model)
-    except ValueError as err:
-        raise ConfigError(f"--decoder-streams {args.decoder_streams}: {err}") from err
+    model, batching, threads = load_for_serving(args.model, cli.decode_config_from_args(args), args.checkpoint,
+                                                batching, intra_op=args.intra_op_threads,
+                                                inter_op=args.inter_op_threads)
     limits = ServeLimits(max_texts=max(args.max_texts_per_request, ServeLimits.max_texts))
     report = benchmark(model, sentences, args.concurrency, args.requests, args.max_texts_per_request,
                        batching=batching, limits=limits, rounds=args.rounds)

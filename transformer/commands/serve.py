@@ -63,21 +63,14 @@ def main(argv=None) -> int:
                           "a request that large could never be queued")
     cli.start()
 
-    from transformer.runtime.threads import configure_threads
     from transformer.serving.app import ServeLimits
-    from transformer.serving.server import BatchingConfig, bind, load_model, serve
+    from transformer.serving.server import BatchingConfig, bind, load_for_serving, serve
 
-    decode = cli.decode_config_from_args(args)
     batching = BatchingConfig(args.max_batch, args.max_wait_ms, args.max_queue, args.batching, args.decoder_streams)
     limits = ServeLimits(args.max_texts, args.max_chars, args.max_body_bytes, args.timeout)
     sock = bind(args.host, args.port)  # a port in use fails before the model loads
-    configure_threads(batching.threads(args.model, decode, intra_op=args.intra_op_threads,
-                                       inter_op=args.inter_op_threads))
-    model = load_model(args.model, decode, args.checkpoint)
-    try:
-        batching = batching.resolve(model)
-    except ValueError as err:
-        raise ConfigError(f"--decoder-streams {args.decoder_streams}: {err}") from err
+    model, batching, _ = load_for_serving(args.model, cli.decode_config_from_args(args), args.checkpoint, batching,
+                                          intra_op=args.intra_op_threads, inter_op=args.inter_op_threads)
     return serve(model, sock, batching, limits)
 
 

@@ -28,8 +28,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from transformer.base.config import DecodeConfig
-from transformer.base.errors import InputError
-from transformer.runtime.threads import decoding_threads
+from transformer.base.errors import ConfigError, InputError
+from transformer.runtime.threads import configure_threads, decoding_threads
 from transformer.serving.app import ServeLimits, build_app
 from transformer.serving.batching import DynamicBatcher, StepBatcher
 
@@ -141,6 +141,19 @@ class BatchingConfig:
 DEFAULT_MAX_BATCH = 32  # for an export without a decode config
 DEFAULT_DECODER_STREAMS = 2  # with intra-op 1: 16 clients 1.26x one call's sentences/s (docs/serving.md)
 BATCHING_MODES = ("step", "run")
+
+
+def load_for_serving(path: str | Path, decode: DecodeConfig, checkpoint: str, batching: BatchingConfig, *,
+                     intra_op: Optional[int] = None, inter_op: Optional[int] = None):
+    """(model, resolved batching, thread pools in effect): sets TensorFlow's pools for `batching`
+    (`BatchingConfig.threads`, flags `intra_op` / `inter_op` win), then loads `path` and resolves
+    `batching` against it; decoder streams the model cannot take are a ConfigError naming the flag."""
+    threads = configure_threads(batching.threads(path, decode, intra_op=intra_op, inter_op=inter_op))
+    model = load_model(path, decode, checkpoint)
+    try:
+        return model, batching.resolve(model), threads
+    except ValueError as err:
+        raise ConfigError(f"--decoder-streams {batching.streams}: {err}") from err
 
 
 def make_app(model: ServedModel, batching: BatchingConfig = BatchingConfig(), limits: ServeLimits = ServeLimits()):
