@@ -9,6 +9,7 @@ from helpers_translation import tiny_model
 
 from transformer.base.constants import END_ID, PAD_ID, START_ID
 from transformer.inference import decoding
+from transformer.model.step_decoder import StepDecoder
 
 MAX_STEPS = 20
 SRC_SPEC = [tf.TensorSpec([None, None], tf.int32)]  # one trace for every source shape
@@ -356,3 +357,42 @@ def test_beam_search_dropping_stopped_sentences_changes_no_result(head_width):
     for i in (1, 3):
         alone = run[0.75](tf.constant([rows[i]], tf.int32), limits[i:i + 1])
         np.testing.assert_array_equal(alone.ids.numpy()[0], dropped.ids.numpy()[i], err_msg=f"sentence {i}")
+
+
+@pytest.mark.parametrize("drop_finished", [0.0, 0.75])
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_lean_beam_cache_kept_by_slot_equals_cache_gathered_by_parent(head_width, drop_finished):
+    """The lean step's self-attention cache kept by beam slot and masked by lineage (never
+    reordered) gives the hypotheses of the same step whose per-hypothesis cache is gathered by
+    beam parent after every step, with and without stopped sentences leaving the loop."""
+    model = tiny_model(seed=11, head_width=head_width)
+    _, src = padded_sources()
+    limits = tf.constant([20, 5, 14])
+    k = 4
+
+    def search(s, n, by_slot):
+        memory, src_mask = model.encode(s, training=False)
+        decoder = StepDecoder(model)
+        context, cache = decoder.start(memory, src_mask)
+        if by_slot:
+            cache = decoder.slot_cache(tf.shape(s)[0], k)
+        else:
+            cache = tf.nest.map_structure(lambda x: decoding.tile_beams(x, k), cache)
+        rows = {key: context[key] for key in decoding.ROW_CONTEXT}
+        return decoding.beam_search(decoding.step_decoder_fn(decoder, context, k), tf.fill([tf.shape(s)[0]], START_ID),
+                                    cache, k, MAX_STEPS, alpha=0.6, max_lengths=n, rows=rows,
+                                    state_shape_invariants=decoder.cache_shape_invariants(cache),
+                                    drop_finished=drop_finished, by_slot=by_slot)
+
+    spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
+    by_slot, by_parent = (tf.function(lambda s, n, b=b: search(s, n, b), input_signature=spec)(src, limits)
+                          for b in (True, False))
+    np.testing.assert_array_equal(by_slot.ids.numpy(), by_parent.ids.numpy())
+    np.testing.assert_array_equal(by_slot.lengths.numpy(), by_parent.lengths.numpy())
+    np.testing.assert_allclose(by_slot.scores.numpy(), by_parent.scores.numpy(), rtol=1e-5, atol=1e-5)
+    assert by_parent.lengths.numpy()[0].max() > 5, "the search must run long enough for parents to change"
+
+
+def test_beam_search_by_slot_needs_rows():
+    with pytest.raises(ValueError, match="rows"):
+        decoding.beam_search(step_dependent_fn(), tf.fill([1], START_ID), tf.zeros([1]), 2, 3, by_slot=True)

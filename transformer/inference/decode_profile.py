@@ -10,21 +10,20 @@ Greedy or beam search, as the translator decodes. Each part is timed on its own,
     encoder        encoder + the cross-attention keys/values (`encode`, `StepDecoder.start`), per chunk
     decode_loop    the whole decoding loop of a chunk (`Translator._decode_ids`, encoder included)
     step           one decoder step `[rows]` (`StepDecoder.step`: all decoder layers, the
-                   self-attention cache update and the float32 projection) at the middle
-                   step of the chunk (its cache half filled), called alone
+                   self-attention cache update and the float32 projection; beam search: the
+                   cache kept by slot and masked by a lineage) at the middle step of the
+                   chunk (its cache half filled), called alone
     projection     the output projection `[rows, d_model] × [d_model, vocab]` + bias (part of `step`)
     cache_update   appending one position to every layer's self-attention keys and values
                    (part of `step`)
     selection      the next tokens from the logits `[rows, vocab]`: forbidden-token mask, then
                    argmax + log-softmax (greedy) or each hypothesis's beam-size best tokens and
                    their log-probabilities (beam search)
-    cache_reorder  beam search only: every layer's self-attention keys and values gathered by
-                   beam parent (a random parent of the same sentence per row)
     detokenize     generated ids → strings, all sentences at once
 
 Derived: `decoder_steps` = Σ chunks `step` × steps the loop ran (the longest hypothesis of the
 chunk); `decoder_layers` = that minus projection and cache updates; `loop_overhead` =
-`decode_loop` − encoder − steps × (step + selection + cache_reorder) (the while loop's own
+`decode_loop` − encoder − steps × (step + selection) (the while loop's own
 ops, the bookkeeping of finished rows and hypotheses, and what a step costs more inside the
 loop than alone; negative if less: steps are timed with every row, while the loop drops rows
 that have finished). Each part is the best of `repeats` timings. Without XLA only: an XLA loop
@@ -101,13 +100,12 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     encoder = _timed(lambda src: _encode(model, decoder, src, 0, 1))
     search = tf.function(lambda src: _search(translator, src))
     loop = _timed(translator._decode_ids_impl)
-    step = _timed(lambda ids, index, context, cache: decoder.step(context, ids, index, cache, beam)[:2])
+    step = _timed(lambda ids, index, context, cache, lineage: decoder.step(context, ids, index, cache, beam,
+                                                                           lineage)[:2])
     projection = _timed(lambda x, output: tf.matmul(x, output[0]) + output[1])
     selection = _timed(lambda logits: _select(logits, beam))
-    cache_update = _timed(lambda cache, row: [(tf.concat([k, row], 2), tf.concat([v, row], 2)) for k, v in cache])
-    cache_reorder = _timed(lambda cache, parents: tf.nest.map_structure(lambda x: tf.gather(x, parents), cache))
-    parts = dict.fromkeys(("encoder", "decode_loop", "step", "projection", "cache_update", "selection",
-                           "cache_reorder"), 0.0)
+    cache_update = _timed(lambda cache, row: [(tf.concat([k, row], -2), tf.concat([v, row], -2)) for k, v in cache])
+    parts = dict.fromkeys(("encoder", "decode_loop", "step", "projection", "cache_update", "selection"), 0.0)
     steps_total, generated = 0, []
     for src in translator_chunks(translator, sentences):
         rows = int(src.shape[0]) * beam
@@ -120,15 +118,14 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
         start = tf.fill([rows], tf.constant(START_ID, tf.int32))
         x = tf.random.normal([rows, model.config.d_model])
         logits = tf.random.normal([rows, model.config.tgt_vocab_size])
-        new_row = tf.zeros_like(cache[0][0][:, :, :1])  # [rows, heads, 1, key_dim]
-        parents = tf.reshape(tf.random.uniform([rows // beam, beam], 0, beam, tf.int32)
-                             + beam * tf.range(rows // beam)[:, tf.newaxis], [-1])  # [rows]
-        timed = {"encoder": (encoder, src), "decode_loop": (loop, src), "step": (step, start, middle, context, cache),
+        new_row = tf.zeros_like(cache[0][0][..., :1, :])  # one position per row (per slot in beam search)
+        # Beam search: each hypothesis's positions held by random slots of its sentence.
+        lineage = tf.random.uniform([rows // beam, beam, steps // 2 + 1], 0, beam, tf.int32) if beam > 1 else None
+        timed = {"encoder": (encoder, src), "decode_loop": (loop, src),
+                 "step": (step, start, middle, context, cache, lineage),
                  "projection": (projection, x, context["output"]), "selection": (selection, logits),
-                 "cache_update": (cache_update, cache, new_row), "cache_reorder": (cache_reorder, cache, parents)}
+                 "cache_update": (cache_update, cache, new_row)}
         for part, (fn, *args) in timed.items():
-            if part == "cache_reorder" and beam == 1:
-                continue
             once = _best_time(lambda: fn(*args), repeats)
             parts[part] += once if part in ("encoder", "decode_loop") else steps * once
     width = max(int(ids.shape[1]) for ids, _ in generated)
@@ -137,15 +134,14 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     seconds["detokenize"] = _best_time(lambda: detokenize(all_ids), repeats)
     seconds["encoder"] = parts["encoder"]
     seconds["decoder_steps"] = parts["step"]
-    for part in ("projection", "cache_update", "selection", "cache_reorder"):
+    for part in ("projection", "cache_update", "selection"):
         seconds[part] = parts[part]
     seconds["decoder_layers"] = parts["step"] - parts["projection"] - parts["cache_update"]
-    seconds["loop_overhead"] = (parts["decode_loop"] - parts["encoder"] - parts["step"] - parts["selection"]
-                                - parts["cache_reorder"])
+    seconds["loop_overhead"] = parts["decode_loop"] - parts["encoder"] - parts["step"] - parts["selection"]
     seconds["decode_loop"] = parts["decode_loop"]
     total = seconds["tokenize"] + parts["decode_loop"] + seconds["detokenize"]
     share_of = ("tokenize", "encoder", "decoder_layers", "projection", "cache_update", "selection",
-                *(("cache_reorder",) if beam > 1 else ()), "loop_overhead", "detokenize")
+                "loop_overhead", "detokenize")
     return {
         "sentences": len(sentences),
         "chunks": len(generated),
@@ -160,12 +156,18 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
 
 
 def _encode(model, decoder: StepDecoder, src, filled, beam: int):
-    """(context, cache with `filled` positions and `beam` rows per sentence) of `decoder` for the chunk `src`."""
+    """(context, cache with `filled` positions) of `decoder` for the chunk `src`; with `beam` > 1
+    the cache beam search keeps (`slot_cache`'s layout, `beam` slots per sentence)."""
     memory, src_mask = model.encode(src, training=False)
     context, cache = decoder.start(memory, src_mask)
     padding = [[0, 0], [0, 0], [0, filled], [0, 0]]
-    return context, [(decoding.tile_beams(tf.pad(k, padding), beam), decoding.tile_beams(tf.pad(v, padding), beam))
-                     for k, v in cache]
+    if beam == 1:
+        return context, [(tf.pad(k, padding), tf.pad(v, padding)) for k, v in cache]
+
+    def by_slot(x):  # [B, N, 0, H] → [B, N, beam, filled, H]
+        return tf.tile(tf.pad(x, padding)[:, :, tf.newaxis], [1, 1, beam, 1, 1])
+
+    return context, [(by_slot(k), by_slot(v)) for k, v in cache]
 
 
 def _search(translator, src):

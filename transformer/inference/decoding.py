@@ -199,8 +199,11 @@ def _beam_candidates(logits: tf.Tensor, k: int) -> tuple:
     return (top_logits - maximum) - log_norm, tokens
 
 
-def _call(fn: StepFn, ids, step, state, rows):
-    """The step callback, with `rows` as 4th argument when the strategy was given any."""
+def _call(fn: StepFn, ids, step, state, rows, lineage=None):
+    """The step callback, with `rows` as 4th argument when the strategy was given any, and
+    `lineage` as 5th when beam search keeps the state by slot."""
+    if lineage is not None:
+        return fn(ids, step, state, rows, lineage)
     return fn(ids, step, state) if rows is None else fn(ids, step, state, rows)
 
 
@@ -331,6 +334,7 @@ def beam_search(
     state_shape_invariants=None,
     rows=None,
     drop_finished: float = 0.0,
+    by_slot: bool = False,
 ) -> BeamResult:
     """Beam search with the GNMT length penalty, in one `tf.while_loop`, batched over
     sentences × beams.
@@ -370,6 +374,10 @@ def beam_search(
             `beam_size` hypotheses of each sentence; never reordered by parent.
         drop_finished: as in `greedy_decode`, for sentences: a sentence that has stopped (or whose
             hypotheses have all ended) leaves with its `beam_size` rows.
+        by_slot: the state is kept by beam slot, never gathered by parent: its leading
+            dimension is `batch` (sentences), and the callback gets a 5th argument, the lineage
+            int32 `[b, beam_size, step + 1]`: for each hypothesis, the slot whose state entry
+            holds each of its positions (its own slot at `step`). `rows` must be given.
 
     Returns:
         `BeamResult`, hypotheses sorted best first.
@@ -388,8 +396,11 @@ def beam_search(
                  tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32)), log_probs, log_probs,
                  tf.zeros([batch, k], tf.bool), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.bool),
                  limits[:, tf.newaxis], max_penalty)
-    # The state per hypothesis `[b * k, ...]`, the rows per sentence `[b, ...]`.
-    hypotheses = (state, () if rows is None else rows)
+    # The state per hypothesis `[b * k, ...]` (by slot: per sentence `[b, ...]`), the rows per
+    # sentence `[b, ...]`, by slot the lineage `[b, k, step]`.
+    if by_slot and rows is None:
+        raise ValueError("beam_search(by_slot=True) needs rows")
+    hypotheses = (state, () if rows is None else rows, tf.zeros([batch, k, 0], tf.int32) if by_slot else ())
     results = BeamResult(*(tf.zeros_like(sentences[i]) for i in (2, 4, 3, 6)))  # [B, ...], written back
 
     def write_back(results, sentences):
@@ -401,9 +412,9 @@ def beam_search(
 
     def drop(structure, keep):  # keep: int32 [n] sentences
         sentences, hypotheses, results = structure
-        rows_kept = tf.reshape(keep[:, tf.newaxis] * k + tf.range(k), [-1])  # [n * k]
-        state, rows_ = hypotheses
-        hypotheses = (_gather_rows(state, rows_kept), _gather_rows(rows_, keep))
+        rows_kept = keep if by_slot else tf.reshape(keep[:, tf.newaxis] * k + tf.range(k), [-1])  # [n (* k)]
+        state, rows_, lineage = hypotheses
+        hypotheses = (_gather_rows(state, rows_kept), _gather_rows(rows_, keep), _gather_rows(lineage, keep))
         return _gather_rows(sentences, keep), hypotheses, write_back(results, sentences)
 
     def searching(sentences):
@@ -415,9 +426,12 @@ def beam_search(
 
     def body(step, sentences, hypotheses, results):
         inputs, where, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty = sentences
-        state, rows_ = hypotheses
+        state, rows_, lineage = hypotheses
         b = tf.shape(inputs)[0]
-        outputs = _call(symbols_to_logits_fn, tf.reshape(inputs, [-1]), step, state, None if rows is None else rows_)
+        if by_slot:  # each slot's new position is its own
+            lineage = tf.concat([lineage, tf.tile(tf.range(k)[tf.newaxis, :, tf.newaxis], [b, 1, 1])], axis=2)
+        outputs = _call(symbols_to_logits_fn, tf.reshape(inputs, [-1]), step, state, None if rows is None else rows_,
+                        lineage if by_slot else None)
         logits, state = outputs[0], outputs[1]
         logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b*K, V]
         # Each hypothesis's K best continuations; a finished one has one: [END] at log-probability 0.
@@ -447,10 +461,13 @@ def beam_search(
             best_finished = tf.reduce_max(tf.where(finished, scores, NEG_INF), axis=1)  # [b]
             best_alive = tf.reduce_max(tf.where(finished, NEG_INF, log_probs) / max_penalty, axis=1)
             stopped = stopped | (tf.reduce_any(finished, axis=1) & (best_finished >= best_alive))
-        rows_of_parents = tf.reshape(parents + tf.range(b)[:, tf.newaxis] * k, [-1])  # [b*K] rows
-        state = _gather_rows(state, rows_of_parents)
+        if by_slot:
+            lineage = tf.gather(lineage, parents, batch_dims=1)  # [b, K, step + 1]
+        else:
+            rows_of_parents = tf.reshape(parents + tf.range(b)[:, tf.newaxis] * k, [-1])  # [b*K] rows
+            state = _gather_rows(state, rows_of_parents)
         sentences = (tokens, where, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty)
-        structure = (sentences, (state, rows_), results)
+        structure = (sentences, (state, rows_, lineage), results)
         if drop_finished > 0:
             structure = _keep_live(searching(sentences), drop_finished, drop, structure)
         return (step + 1, *structure)
@@ -458,8 +475,10 @@ def beam_search(
     loop_vars = (tf.constant(0), sentences, hypotheses, results)
     free = drop_finished > 0
     invariants = None
-    if free or state_shape_invariants is not None:
-        hypothesis_shapes = (state_shape_invariants or _batch_shapes(state, free), _batch_shapes(hypotheses[1], free))
+    if free or by_slot or state_shape_invariants is not None:
+        lineage_shape = tf.TensorShape([None if free else start_ids.shape[0], k, None]) if by_slot else ()
+        hypothesis_shapes = (state_shape_invariants or _batch_shapes(state, free), _batch_shapes(hypotheses[1], free),
+                             lineage_shape)
         invariants = (tf.TensorShape([]), _batch_shapes(sentences, free), hypothesis_shapes, _batch_shapes(results))
     _, sentences, _, results = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_steps,
                                              shape_invariants=invariants)
@@ -480,8 +499,8 @@ def step_decoder_fn(decoder: StepDecoder, context: dict, group: int = 1) -> Step
     of `context` (from `decoder.start`) is closed over."""
     shared = {key: value for key, value in context.items() if key not in ROW_CONTEXT}
 
-    def symbols_to_logits(ids, step, cache, rows):
-        return decoder.step({**shared, **rows}, ids, step, cache, group)  # [B, V] float32, cache, [B, heads, S]
+    def symbols_to_logits(ids, step, cache, rows, lineage=None):
+        return decoder.step({**shared, **rows}, ids, step, cache, group, lineage)  # [B, V] float32, cache, [B, heads, S]
 
     return symbols_to_logits
 
@@ -491,9 +510,10 @@ ROW_CONTEXT = ("cross", "bias")  # the parts of `StepDecoder.start`'s context wi
 
 def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dtype: str = "float32"):
     """Encoder once, then (step callback, initial state, per-row constants or None, state shape
-    invariants) for `beam_size` hypotheses per row. The state is tiled in place when
-    beam_size > 1; the lean step's per-row constants stay one per sentence, the fixed-size
-    cache path's cross-attention cache and mask are tiled. `projection_dtype`: the lean step's
+    invariants) for `beam_size` hypotheses per row. The lean step's state with beam_size > 1
+    is `slot_cache` (kept by beam slot: beam search runs `by_slot`) and its per-row constants
+    stay one per sentence; the fixed-size cache path's state, cross-attention cache and mask
+    are tiled. `projection_dtype`: the lean step's
     output projection (`StepDecoder`); the fixed-size cache path projects in float32 only."""
     if not lean and projection_dtype != "float32":
         raise ValueError(f"projection_dtype {projection_dtype} needs the lean step (lean=True)")
@@ -503,7 +523,8 @@ def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dty
         decoder = StepDecoder(model, projection_dtype)
         context, cache = decoder.start(memory, src_mask)
         rows = {key: context[key] for key in ROW_CONTEXT}
-        cache = tf.nest.map_structure(tile, cache)
+        if beam_size > 1:
+            cache = decoder.slot_cache(tf.shape(src_ids)[0], beam_size)
         return step_decoder_fn(decoder, context, beam_size), cache, rows, decoder.cache_shape_invariants(cache)
     cache = model.init_cache(memory, src_mask, cache_length(model, max_steps))
     tiled = {}  # layers may share one cross cache tensor (the memory itself): tile it once
@@ -541,13 +562,14 @@ def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alph
     The encoder runs once on `batch` rows. The cross-attention keys/values and the source mask
     are never reordered: the lean step keeps them per sentence (a sentence's hypotheses attend
     together), the fixed-size cache path tiles them `beam_size` times here, once. Only the
-    self-attention cache (the state) follows the beam parents.
+    self-attention cache (the state) follows the beam parents: the fixed-size cache is gathered
+    by parent every step, the lean step's is kept by slot and masked by lineage (`by_slot`).
     """
     step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean, projection_dtype)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return beam_search(step_fn, start, state, beam_size, max_steps, alpha=alpha, max_lengths=max_lengths,
                        forbidden_ids=forbidden_ids, state_shape_invariants=invariants, rows=rows,
-                       drop_finished=drop_finished if lean else 0.0)
+                       drop_finished=drop_finished if lean else 0.0, by_slot=lean and beam_size > 1)
 
 
 def uncached_greedy_decode(model, src_ids: tf.Tensor, max_steps, *, end_id: int = END_ID,

@@ -18,7 +18,11 @@ cost more than the arithmetic:
     are computed once in `start`; every projection is a plain 2-D matmul;
   - beam search (`group` hypotheses per source row) keeps them per source row, untiled: the
     group's queries attend together, `[group, key_dim] × [key_dim, src_len]` per head, so
-    the keys/values are read once per sentence, not once per hypothesis.
+    the keys/values are read once per sentence, not once per hypothesis;
+  - beam search's self-attention cache can be kept by beam slot (`slot_cache`, `[batch,
+    heads, group, filled, key_dim]`) and never reordered: given each hypothesis's lineage (the
+    slot holding each of its positions), the group's queries attend over all slots' positions
+    with the others' masked, instead of a gather of every cache by beam parent per step.
 Numerics follow the model's: weights and matmuls in its compute dtype (bfloat16 for a
 `cast_model` copy), attention logits, softmax, layer norms and the output projection in
 float32, logits float32. `projection_dtype="bfloat16"` runs the output projection's matmul
@@ -49,6 +53,22 @@ def _norm(x, layer) -> tf.Tensor:
     mean, variance = tf.nn.moments(x32, [-1], keepdims=True)
     gamma, beta = tf.cast(layer.gamma, tf.float32), tf.cast(layer.beta, tf.float32)
     return tf.cast(tf.nn.batch_normalization(x32, mean, variance, beta, gamma, layer.epsilon), x.dtype)
+
+
+def _merge_slots(x) -> tf.Tensor:
+    """`[B, N, G, T, H]` → `[B, N, G·T, H]` (a reshape: slot g's position t at g·T + t)."""
+    shape = tf.shape(x)
+    return tf.reshape(x, [shape[0], shape[1], shape[2] * shape[3], shape[4]])
+
+
+def _lineage_bias(lineage, group: int) -> tf.Tensor:
+    """Self-attention bias of hypotheses over their row's slots: lineage int32 `[B, G, T]` →
+    float32 `[B, 1, G, G·T]`, 0 where slot g' holds position t of hypothesis g, else NEG_INF
+    (laid out as `_merge_slots`)."""
+    ancestor = tf.one_hot(lineage, group, on_value=0.0, off_value=NEG_INF)  # [B, G, T, G']
+    bias = tf.transpose(ancestor, [0, 1, 3, 2])  # [B, G, G', T]
+    shape = tf.shape(bias)
+    return tf.reshape(bias, [shape[0], 1, group, group * shape[3]])
 
 
 class StepDecoder:
@@ -98,13 +118,21 @@ class StepDecoder:
         context = {"weights": weights, "cross": cross, "bias": bias, "output": self._output_weights()}
         return context, [(empty, empty) for _ in weights]
 
+    def slot_cache(self, batch, group: int) -> list:
+        """An empty cache kept by beam slot (see `step`'s `lineage`): per layer (keys, values)
+        `[batch, heads, group, 0, key_dim]`, one entry per source row and slot."""
+        empty = tf.zeros([batch, self.heads, group, 0, self.key_dim], self.dtype)
+        return [(empty, empty) for _ in self.model.decoder_layers]
+
     def cache_shape_invariants(self, cache) -> list:
-        """`tf.while_loop` shape invariants of a cache: batch and filled length vary."""
-        shape = tf.TensorShape([None, self.heads, None, self.key_dim])
+        """`tf.while_loop` shape invariants of a cache (`start`'s or `slot_cache`'s): batch and
+        filled length vary."""
+        slots = [cache[0][0].shape[2]] if cache and cache[0][0].shape.rank == 5 else []
+        shape = tf.TensorShape([None, self.heads, *slots, None, self.key_dim])
         return [(shape, shape) for _ in cache]
 
     # ---- per token ---------------------------------------------------------------------
-    def step(self, context, ids, index, cache, group: int = 1):
+    def step(self, context, ids, index, cache, group: int = 1, lineage=None):
         """Decodes one token per row.
 
         Args:
@@ -112,8 +140,15 @@ class StepDecoder:
             ids: int `[batch · group]`, the tokens at position `index`; row `b · group + j` is
                 hypothesis j of source row b.
             index: int32 scalar, their position (= the cache's filled length).
-            cache: per layer (keys, values) `[batch · group, heads, index, key_dim]`.
+            cache: per layer (keys, values) `[batch · group, heads, index, key_dim]`, one entry
+                per hypothesis; with `lineage`, `slot_cache`'s `[batch, heads, group, index,
+                key_dim]`, one entry per beam slot, never reordered.
             group: int. Hypotheses per source row (the beam size); 1: one row per source row.
+            lineage: None, or int32 `[batch, group, index + 1]`: for hypothesis j of a source
+                row, the slot whose cache entry holds its position t (`j` itself at `index`).
+                Each hypothesis then attends over its row's `group` slots with the other
+                slots' positions masked (bias NEG_INF: softmax weight exactly 0), so beam
+                search never gathers the caches by parent (a copy of every cache per step).
 
         Returns:
             (logits `[batch · group, vocab]` float32, cache with `index + 1` positions, last
@@ -124,14 +159,20 @@ class StepDecoder:
         x = x * tf.cast(math.sqrt(self.d_model), self.dtype)
         x = x + tf.cast(embedding.position_encoding(index), self.dtype)
         new_cache, scores = [], None
+        self_bias = None if lineage is None else _lineage_bias(lineage, group)  # [B, 1, G, G·(T+1)]
         for layer, w, (cross_k, cross_v), (keys, values) in zip(
                 self.model.decoder_layers, context["weights"], context["cross"], cache):
             h = _norm(x, layer.self_attention_norm) if layer.pre_norm else x
             query, key, value = tf.split(self._dense(h, w["qkv"], w["qkv_bias"]), 3, axis=-1)  # [B, N·H] each
             query = query * w["scale"]
-            keys = tf.concat([keys, self._split_heads(key[:, tf.newaxis])], axis=2)  # [B, N, T+1, H]
-            values = tf.concat([values, self._split_heads(value[:, tf.newaxis])], axis=2)
-            attended, _ = self._attend(query, keys, values, None)
+            if lineage is None:
+                keys = tf.concat([keys, self._split_heads(key[:, tf.newaxis])], axis=2)  # [B, N, T+1, H]
+                values = tf.concat([values, self._split_heads(value[:, tf.newaxis])], axis=2)
+                attended, _ = self._attend(query, keys, values, None)
+            else:
+                keys = tf.concat([keys, self._slot_heads(key, group)], axis=3)  # [B, N, G, T+1, H]
+                values = tf.concat([values, self._slot_heads(value, group)], axis=3)
+                attended, _ = self._attend_group(query, _merge_slots(keys), _merge_slots(values), self_bias, group)
             x = self._residual(layer, layer.self_attention_norm, x, self._dense(attended, w["self_o"], w["self_o_bias"]))
             h = _norm(x, layer.cross_attention_norm) if layer.pre_norm else x
             query = self._dense(h, w["cross_q"], w["cross_q_bias"]) * w["scale"]
@@ -157,6 +198,11 @@ class StepDecoder:
         shape = tf.shape(x)
         return tf.transpose(tf.reshape(x, [shape[0], shape[1], self.heads, self.key_dim]), [0, 2, 1, 3])
 
+    def _slot_heads(self, x, group: int):
+        """`[B·G, N·H]` → `[B, N, G, 1, H]`: one new position per slot, heads first."""
+        x = tf.transpose(tf.reshape(x, [-1, group, self.heads, self.key_dim]), [0, 2, 1, 3])  # [B, N, G, H]
+        return x[:, :, :, tf.newaxis, :]
+
     def _dense(self, x, kernel, bias):
         return tf.matmul(x, kernel) + bias if x.shape.rank == 2 else tf.einsum("btd,de->bte", x, kernel) + bias
 
@@ -172,7 +218,8 @@ class StepDecoder:
 
     def _attend_group(self, query, keys, values, bias, group: int):
         """`_attend` for `group` queries per row of keys/values: query `[B·G, N·H]` (scaled), keys/values
-        `[B, N, S, H]`, bias `[B, 1, 1, S]` → (`[B·G, N·H]`, scores `[B·G, N, 1, S]` float32)."""
+        `[B, N, S, H]`, bias `[B, 1, 1, S]` or per query `[B, 1, G, S]` → (`[B·G, N·H]`, scores
+        `[B·G, N, 1, S]` float32)."""
         query = tf.transpose(tf.reshape(query, [-1, group, self.heads, self.key_dim]), [0, 2, 1, 3])  # [B, N, G, H]
         logits = tf.cast(tf.matmul(query, keys, transpose_b=True), tf.float32) + bias  # [B, N, G, S]
         scores = tf.nn.softmax(logits)
