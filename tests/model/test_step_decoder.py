@@ -112,3 +112,33 @@ def test_bfloat16_projection_rounds_only_the_logits_matmul():
     np.testing.assert_allclose(outputs["bfloat16"], outputs["float32"], atol=0.01 * scale, rtol=0)
     with pytest.raises(ValueError, match="projection_dtype must be float32 or bfloat16"):
         StepDecoder(model, projection_dtype="float16")
+
+
+@pytest.mark.parametrize("head_width", ["tutorial", "paper"])
+def test_slot_cache_with_lineage_equals_cache_gathered_by_parent(head_width):
+    """Hypotheses reordered by random parents every step: the cache kept by slot, attended through
+    each hypothesis's lineage, gives the logits of the per-hypothesis cache gathered by parent."""
+    config = dataclasses.replace(TINY_MODEL, head_width=head_width)
+    model = build(config, seed=12)
+    src, tgt = random_ids(config)
+    batch, group = src.shape[0], 3
+    decoder = StepDecoder(model)
+    memory, src_mask = model.encode(src)
+    context, cache = decoder.start(memory, src_mask)
+    gathered = tf.nest.map_structure(lambda x: tf.repeat(x, group, axis=0), cache)
+    slots, lineage = decoder.slot_cache(batch, group), tf.zeros([batch, group, 0], tf.int32)
+    rng = np.random.default_rng(0)
+    ids = tf.constant(np.repeat(tgt, group, axis=0))  # [B·G, T]
+    for index in range(5):
+        lineage = tf.concat([lineage, tf.tile(tf.range(group)[tf.newaxis, :, tf.newaxis], [batch, 1, 1])], axis=2)
+        by_parent, gathered, _ = decoder.step(context, ids[:, index], tf.constant(index), gathered, group)
+        by_slot, slots, _ = decoder.step(context, ids[:, index], tf.constant(index), slots, group, lineage)
+        np.testing.assert_allclose(by_slot.numpy(), by_parent.numpy(), atol=1e-5, rtol=0, err_msg=f"step {index}")
+        parents = tf.constant(rng.integers(0, group, size=(batch, group)), tf.int32)
+        rows = tf.reshape(parents + group * tf.range(batch)[:, tf.newaxis], [-1])
+        gathered = tf.nest.map_structure(lambda x: tf.gather(x, rows), gathered)
+        lineage = tf.gather(lineage, parents, batch_dims=1)
+        ids = tf.gather(ids, rows)
+    assert all(k.shape == (batch, config.num_heads, group, 5, config.key_dim) for k, _ in slots)
+    with pytest.raises(ValueError, match="not both"):
+        decoder.step(context, ids[:, 0], tf.constant(5), slots, group, lineage, self_bias=tf.zeros([1, 1, 1, 6]))

@@ -19,9 +19,8 @@ new sentences that wait for the whole batch. Here the batch is re-formed at ever
     half of it (a gather of every cache costs about a third of a step).
 The rows share one self-attention cache `[rows, heads, columns, key_dim]` grown by one column
 per step; a row that joined at column `start` sits at position `column - start` and masks
-the columns before `start` (bias -1e9: their softmax weight is exactly 0). Columns no row
-uses any more are cut off when rows leave. Reusing `StepDecoder` this way needs one hook: its
-self-attention gets that mask (`_RowMaskedStepDecoder`). The source axis of the cross-attention
+the columns before `start` (bias -1e9: their softmax weight is exactly 0; `StepDecoder.step`'s
+`self_bias`). Columns no row uses any more are cut off when rows leave. The source axis of the cross-attention
 keys/values is padded to the longest active source, with the padding masked as offline.
 So every row decodes what the offline greedy translator decodes for it alone: a row's tokens
 never depend on the other rows (the tests compare them).
@@ -49,15 +48,6 @@ from transformer.model.step_decoder import StepDecoder
 RETURN_EVERY = 4
 
 
-class _RowMaskedStepDecoder(StepDecoder):
-    """`StepDecoder` whose self-attention adds `self_bias` (`[rows, 1, 1, columns]`, 0 or -1e9):
-    the one change a batch of rows at different positions needs (the step passes no bias there)."""
-
-    self_bias = None
-
-    def _attend(self, query, keys, values, bias):
-        return super()._attend(query, keys, values, self.self_bias if bias is None else bias)
-
 
 class ContinuousDecoder:
     """Greedy decoding of a batch that sentences join and leave between steps (see the module).
@@ -78,7 +68,7 @@ class ContinuousDecoder:
                              f"jit_compile {config.jit_compile}")
         self.translator = translator
         model = translator.model
-        self._decoder = _RowMaskedStepDecoder(model, config.projection_dtype)
+        self._decoder = StepDecoder(model, config.projection_dtype)
         d_model, heads, key_dim = model.config.d_model, model.config.num_heads, model.config.key_dim
         self._dtype = self._decoder.dtype
         # Weights in the step's layout, once (StepDecoder.start on an empty batch computes them).
@@ -195,11 +185,10 @@ class ContinuousDecoder:
         ids, start, left, cache, cross, bias = state
         columns = tf.shape(cache[0][0])[2]
         visible = tf.range(columns + 1)[tf.newaxis] >= start[:, tf.newaxis]  # [rows, columns + 1]
-        self._decoder.self_bias = tf.where(visible, 0.0, NEG_INF)[:, tf.newaxis, tf.newaxis, :]
+        self_bias = tf.where(visible, 0.0, NEG_INF)[:, tf.newaxis, tf.newaxis, :]  # [rows, 1, 1, columns + 1]
         context = {"weights": self._weights, "output": self._output, "cross": cross, "bias": bias}
         positions = tf.where(left > 0, columns - start, 0)  # an ended row, still in the batch, may be past max_length
-        logits, cache, _ = self._decoder.step(context, ids, positions, cache)
-        self._decoder.self_bias = None
+        logits, cache, _ = self._decoder.step(context, ids, positions, cache, self_bias=self_bias)
         forbidden = tf.reduce_any(tf.equal(tf.range(tf.shape(logits)[1])[:, tf.newaxis], list(DEFAULT_FORBIDDEN_IDS)), -1)
         next_ids = tf.argmax(tf.where(forbidden[tf.newaxis], NEG_INF, logits), axis=-1, output_type=tf.int32)
         left = tf.where(tf.equal(next_ids, END_ID), 0, left - 1)

@@ -132,14 +132,16 @@ class StepDecoder:
         return [(shape, shape) for _ in cache]
 
     # ---- per token ---------------------------------------------------------------------
-    def step(self, context, ids, index, cache, group: int = 1, lineage=None):
+    def step(self, context, ids, index, cache, group: int = 1, lineage=None, self_bias=None):
         """Decodes one token per row.
 
         Args:
             context: from `start` for `batch` source rows (rows tiled alike when the batch is tiled).
             ids: int `[batch · group]`, the tokens at position `index`; row `b · group + j` is
                 hypothesis j of source row b.
-            index: int32 scalar, their position (= the cache's filled length).
+            index: int32 scalar, their position (= the cache's filled length), or int32
+                `[batch]`, each row's position (rows whose caches hold different histories;
+                with `self_bias`).
             cache: per layer (keys, values) `[batch · group, heads, index, key_dim]`, one entry
                 per hypothesis; with `lineage`, `slot_cache`'s `[batch, heads, group, index,
                 key_dim]`, one entry per beam slot, never reordered.
@@ -149,6 +151,8 @@ class StepDecoder:
                 Each hypothesis then attends over its row's `group` slots with the other
                 slots' positions masked (bias NEG_INF: softmax weight exactly 0), so beam
                 search never gathers the caches by parent (a copy of every cache per step).
+            self_bias: None, or float32 `[batch, 1, 1, index + 1]` added to the self-attention
+                logits (0 or NEG_INF: which filled positions each row sees); not with `lineage`.
 
         Returns:
             (logits `[batch · group, vocab]` float32, cache with `index + 1` positions, last
@@ -159,7 +163,10 @@ class StepDecoder:
         x = x * tf.cast(math.sqrt(self.d_model), self.dtype)
         x = x + tf.cast(embedding.position_encoding(index), self.dtype)
         new_cache, scores = [], None
-        self_bias = None if lineage is None else _lineage_bias(lineage, group)  # [B, 1, G, G·(T+1)]
+        if lineage is not None:
+            if self_bias is not None:
+                raise ValueError("StepDecoder.step takes a lineage or a self_bias, not both")
+            self_bias = _lineage_bias(lineage, group)  # [B, 1, G, G·(T+1)]
         for layer, w, (cross_k, cross_v), (keys, values) in zip(
                 self.model.decoder_layers, context["weights"], context["cross"], cache):
             h = _norm(x, layer.self_attention_norm) if layer.pre_norm else x
@@ -168,7 +175,7 @@ class StepDecoder:
             if lineage is None:
                 keys = tf.concat([keys, self._split_heads(key[:, tf.newaxis])], axis=2)  # [B, N, T+1, H]
                 values = tf.concat([values, self._split_heads(value[:, tf.newaxis])], axis=2)
-                attended, _ = self._attend(query, keys, values, None)
+                attended, _ = self._attend(query, keys, values, self_bias)
             else:
                 keys = tf.concat([keys, self._slot_heads(key, group)], axis=3)  # [B, N, G, T+1, H]
                 values = tf.concat([values, self._slot_heads(value, group)], axis=3)
