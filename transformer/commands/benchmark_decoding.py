@@ -88,7 +88,7 @@ def main(argv=None) -> int:
                              "default float32)")
     parser.add_argument("--profile", action="store_true",
                         help="instead, break our decoding's time down (tokenize, encoder, decoder layers, "
-                             "projection, cache updates, token selection, beam cache reorder, loop overhead, "
+                             "projection, cache updates, token selection, loop overhead, "
                              "detokenize; without XLA) into <run>/decoding_profile.json")
     parser.add_argument("--beam", type=int, default=1, help="with --profile: beam size (default 1: greedy)")
     cli.add_thread_args(parser)

@@ -19,14 +19,14 @@ new sentences that wait for the whole batch. Here the batch is re-formed at ever
     half of it (a gather of every cache costs about a third of a step).
 The rows share one self-attention cache `[rows, heads, columns, key_dim]` grown by one column
 per step; a row that joined at column `start` sits at position `column - start` and masks
-the columns before `start` (bias -1e9: their softmax weight is exactly 0; `StepDecoder.step`'s
-`self_bias`). Columns no row uses any more are cut off when rows leave. The source axis of the cross-attention
-keys/values is padded to the longest active source, with the padding masked as offline.
-So every row decodes what the offline greedy translator decodes for it alone: a row's tokens
+the columns before `start` (`StepDecoder.step`'s `self_bias`, -1e9: their softmax weight is
+exactly 0). Columns no row uses any more are cut off when rows leave. The source axis of the
+cross-attention keys/values is padded to the longest active source, with the padding masked as
+offline. So every row decodes what the offline greedy translator decodes for it alone: a row's tokens
 never depend on the other rows (the tests compare them).
 
-Greedy only (beam search reorders its state by beam parent) and without XLA (shapes change
-every step).
+Greedy only (a beam's hypotheses trade cache entries by parent, which rows joining and
+leaving between steps do not track) and without XLA (shapes change every step).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from transformer.model.step_decoder import StepDecoder
 # Ended rows' translations are returned every this many steps (one detokenizer call for all of
 # them; a call costs about a quarter of a step), or as soon as no row is left decoding.
 RETURN_EVERY = 4
-
 
 
 class ContinuousDecoder:
