@@ -17,9 +17,11 @@ from transformer.inference.translator import DecodeConfig
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is pinned in requirements.txt: pip install -r it")
 
 from transformer.inference.ctranslate2_export import (  # noqa: E402
+    SUPPRESSED,
     CTranslate2Translator,
     export_ctranslate2,
     model_spec,
+    output_bounds,
 )
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou.",
@@ -96,6 +98,23 @@ def test_ctranslate2_translator_equals_ours_on_strings(exported, inter_threads):
     assert ct2.translate([]) == []
 
 
+def test_ctranslate2_beam_search_takes_the_configs_beam_and_alpha(exported):
+    translator, path = exported
+    config = dataclasses.replace(translator.config, beam_size=4, alpha=0.6, max_output_ratio=1.5, max_output_extra=10)
+    ct2 = CTranslate2Translator(path, tokenizers=translator.tokenizers, config=config)
+    sources = [ids for ids in ct2._source_ids(tf.constant(SENTENCES))[0].to_list() if len(ids) > 2]
+    bounds = output_bounds(np.array([len(ids) - 2 for ids in sources]), config, ct2.max_length)
+    tokens = [[ct2.src_tokens[i] for i in ids] for ids in sources]
+
+    def direct(beam):  # CTranslate2 called by hand, cut at each row's bound as the translator does
+        results = ct2.translator.translate_batch(tokens, beam_size=beam, length_penalty=0.6, return_end_token=True,
+                                                 max_decoding_length=int(bounds.max()), suppress_sequences=SUPPRESSED)
+        return [[ct2.tgt_ids[t] for t in r.hypotheses[0]][:n] for r, n in zip(results, bounds)]
+
+    assert direct(4) != direct(1)  # beam search finds other outputs on this model: the test can tell
+    assert ct2.translate_ids(sources) == direct(4)
+
+
 def test_ctranslate2_int8_loads_and_translates_every_row(exported):
     _, path = exported
     texts, lengths = CTranslate2Translator(path, compute_type="int8").translate_with_lengths(SENTENCES)
@@ -111,9 +130,12 @@ def test_export_command_writes_ctranslate2_and_refuses_errors(tiny_run, tmp_path
     assert main(["--run", str(tiny_run), "--output", str(output), "--format", "ctranslate2"]) == 2
     assert "error: " in capsys.readouterr().err
     assert main(["--run", str(tiny_run), "--output", str(tmp_path / "b"), "--format", "ctranslate2",
-                 "--beam", "4"]) == 2
+                 "--dtype", "bfloat16"]) == 2
     err = capsys.readouterr().err
-    assert "error: --beam 4" in err and "Traceback" not in err
+    assert "error: --dtype bfloat16" in err and "Traceback" not in err
+    assert main(["--run", str(tiny_run), "--output", str(tmp_path / "beam"), "--format", "ctranslate2",
+                 "--beam", "4", "--alpha", "0.6"]) == 0
+    assert CTranslate2Translator(tmp_path / "beam").config.beam_size == 4  # the export's decoding travels with it
 
 
 def test_compare_engines_interleaves_and_counts_identical_outputs(exported):
@@ -148,13 +170,14 @@ def test_benchmark_decoding_compare_ctranslate2(tiny_run, tmp_path, capsys):
     assert script_main("export")(["--run", str(tiny_run), "--output", str(saved)]) == 0  # timed too (--exports)
     argv = ["--run", str(tiny_run), "--compare", "ctranslate2", "--limit", "6", "--repeats", "1", "--chunk-size", "4",
             "--ours", "export", "in-memory", "export-beam4", "--exports", str(saved), "--output", str(output),
-            "--ct2-inter-threads", "1", "2", "--threads", "2"]
+            "--ct2-inter-threads", "1", "2", "--ct2-beam-sizes", "1", "4", "--threads", "2"]
     assert script_main("benchmark_decoding")(argv) == 0
     report = json.loads(output.read_text())
     engines = report["engines"]
     assert list(engines) == ["ours SavedModel", "ours in-memory", "ours SavedModel beam 4", f"SavedModel {saved}",
-                             "CTranslate2 float32", "CTranslate2 float32, 2 × 1 threads", "CTranslate2 int8",
-                             "CTranslate2 int8, 2 × 1 threads"]
+                             *(f"CTranslate2 {compute}{beam}{threads}" for compute in ("float32", "int8")
+                               for threads in ("", ", 2 × 1 threads") for beam in ("", " beam 4"))]
+    assert engines["CTranslate2 int8 beam 4, 2 × 1 threads"]["settings"]["beam_size"] == 4
     assert engines["CTranslate2 float32, 2 × 1 threads"]["settings"]["inter_threads"] == 2
     assert engines["CTranslate2 float32, 2 × 1 threads"]["identical"] == 6
     assert engines["ours SavedModel beam 4"]["settings"]["beam_size"] == 4

@@ -79,6 +79,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ct2-inter-threads", type=int, nargs="+", default=[1],
                         help="with --compare: CTranslate2 inter_threads settings (batches decoded at once), each "
                              "with --threads / inter_threads intra-op threads (default 1)")
+    parser.add_argument("--ct2-beam-sizes", type=int, nargs="+", default=[1],
+                        help="with --compare: CTranslate2 beam sizes (1: greedy; beam search with the run's "
+                             f"DecodeConfig alpha, {DecodeConfig().alpha:g} by default, as CTranslate2's "
+                             "length ** alpha normaliser) (default 1)")
     parser.add_argument("--streams-probe", action="store_true",
                         help="instead, time concurrent decoding streams (see above) into <run>/decoding_streams.json")
     parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[16, 32, 64],
@@ -97,7 +101,7 @@ def main(argv=None) -> int:
     cli.start()
     if sum(map(bool, (args.compare, args.profile, args.streams_probe))) > 1:
         raise ConfigError("--compare, --profile and --streams-probe: choose one")
-    for flag in ("streams", "ct2_inter_threads", "chunk_sizes"):
+    for flag in ("streams", "ct2_inter_threads", "ct2_beam_sizes", "chunk_sizes"):
         if min(getattr(args, flag)) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {min(getattr(args, flag))}")
     if not args.profile and args.beam != 1:
@@ -304,16 +308,19 @@ def _compare(args, argv) -> int:
             described[label] = engines[label].__self__.manifest.get("decode", {})
         ct2_path = export_ctranslate2(translator.model, Path(args.run) / TOKENIZER_DIR, Path(scratch) / "ct2",
                                       config=config)
-        for compute_type, inter in [(c, i) for c in args.ct2_compute_types for i in args.ct2_inter_threads]:
+        for compute_type, inter, beam in [(c, i, b) for c in args.ct2_compute_types for i in args.ct2_inter_threads
+                                          for b in args.ct2_beam_sizes]:
             intra = max(1, args.threads // inter)
-            label = f"CTranslate2 {compute_type}" + (f", {inter} × {intra} threads" if inter > 1 else "")
+            label = (f"CTranslate2 {compute_type}{f' beam {beam}' if beam > 1 else ''}"
+                     + (f", {inter} × {intra} threads" if inter > 1 else ""))
+            ct2_config = dataclasses.replace(config, beam_size=beam)
             engines[label], cold_start[label] = _cold_start(
                 lambda: CTranslate2Translator(ct2_path, compute_type=compute_type, intra_threads=intra,
                                               inter_threads=inter, batch_size=args.chunk_size,
-                                              tokenizers=translator.tokenizers),
+                                              tokenizers=translator.tokenizers, config=ct2_config),
                 sources[:args.chunk_size])
             described[label] = {"compute_type": compute_type, "inter_threads": inter, "intra_threads": intra,
-                                "max_batch_size": args.chunk_size, **dataclasses.asdict(config)}
+                                "max_batch_size": args.chunk_size, **dataclasses.asdict(ct2_config)}
         started = time.perf_counter()
         report = compare_engines(engines, sources, repeats=args.repeats, references=references)
     for name, description in described.items():

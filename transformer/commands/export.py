@@ -33,7 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
                         help="savedmodel (default: TensorFlow, tokenizers inside) or ctranslate2 (a CTranslate2 "
-                             "model directory + our tokenizers; needs the ctranslate2 package)")
+                             "model directory + our tokenizers; needs the ctranslate2 package; --beam runs "
+                             "CTranslate2's beam search, its scores normalised by length ** --alpha)")
     parser.add_argument("--dtype", choices=EXPORT_DTYPES, default=EXPORT_DTYPES[0],
                         help="SavedModel weights and compute: float32 (default) or bfloat16 (for CPUs with "
                              "avx512_bf16/amx_bf16; logits stay float32)")
@@ -41,8 +42,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.start()
     config = cli.decode_config_from_args(args)
-    if args.format == "ctranslate2" and config.beam_size != 1:
-        raise ConfigError(f"--beam {args.beam}: --format ctranslate2 decodes greedily (--beam 1)")
     if args.format == "ctranslate2" and args.dtype != "float32":
         raise ConfigError(f"--dtype {args.dtype}: --format ctranslate2 stores float32 weights (choose the compute "
                           "type when loading: CTranslate2Translator(compute_type=...))")

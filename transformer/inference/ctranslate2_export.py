@@ -183,8 +183,8 @@ def export_ctranslate2(model, tokenizer_dir, output, *, config: DecodeConfig = D
         model: a built Transformer with trained weights.
         tokenizer_dir: the tokenizer directory of its run (`<run>/tokenizers`); copied inside.
         output: directory to write (staged, then renamed into place).
-        config: the DecodeConfig whose output bound `CTranslate2Translator` applies (beam
-            size and XLA do not apply: it decodes greedily).
+        config: the DecodeConfig whose output bound, beam size and length-penalty exponent
+            `CTranslate2Translator` applies (XLA, chunks and streams do not apply).
         overwrite: replace an existing `output`.
         extra: optional dict added to translator.json (e.g. the run directory).
 
@@ -241,7 +241,10 @@ def output_bounds(source_tokens: np.ndarray, config: DecodeConfig, max_length: i
 
 
 class CTranslate2Translator:
-    """Our tokenizers + CTranslate2's greedy search over an `export_ctranslate2` directory.
+    """Our tokenizers + CTranslate2's search over an `export_ctranslate2` directory: greedy, or
+    beam search when `config.beam_size` > 1 (CTranslate2's own: scores normalised by
+    `length ** config.alpha`, not GNMT's `((5 + length) / 6) ** alpha`, so beam outputs may
+    differ from ours; greedy outputs are the same).
 
     Args:
         path: the export directory.
@@ -285,8 +288,9 @@ class CTranslate2Translator:
         bounds = output_bounds(lengths, self.config, self.max_length)
         tokens = [[self.src_tokens[i] for i in ids] for ids in source_ids]
         results = self.translator.translate_batch(
-            tokens, max_batch_size=self.batch_size, batch_type="examples", beam_size=1,
-            max_decoding_length=int(bounds.max()), return_end_token=True, suppress_sequences=SUPPRESSED)
+            tokens, max_batch_size=self.batch_size, batch_type="examples", beam_size=self.config.beam_size,
+            length_penalty=self.config.alpha, max_decoding_length=int(bounds.max()), return_end_token=True,
+            suppress_sequences=SUPPRESSED)
         return [[self.tgt_ids[t] for t in result.hypotheses[0]][:bound] for result, bound in zip(results, bounds)]
 
     def translate_with_lengths(self, sentences) -> tuple[list[str], np.ndarray]:
