@@ -93,6 +93,50 @@ class BeamResult(NamedTuple):
 StepFn = Callable[..., tuple]
 
 
+class _GreedyRows(NamedTuple):
+    """Greedy's loop state per computed row, leading dimension b (the batch until finished rows
+    are dropped): the token fed next int32 `[b]`, the row's place in the outputs int32 `[b]`,
+    whether it has ended bool `[b]`, its length limit int32 `[b]`, the callback's state and
+    per-row constants (`()` when none)."""
+
+    inputs: tf.Tensor
+    where: tf.Tensor
+    finished: tf.Tensor
+    limits: tf.Tensor
+    state: object
+    rows: object
+
+
+class _BeamSentences(NamedTuple):
+    """Beam search's loop state per sentence still searched, leading dimension b (K = beam size,
+    T = max_steps): the tokens fed next int32 `[b, K]`, the sentence's place in the outputs
+    int32 `[b]`, its hypotheses' ids int32 `[b, K, T]`, log-probabilities and scores float32
+    `[b, K]`, finished bool `[b, K]`, lengths int32 `[b, K]`, whether the sentence has stopped
+    bool `[b]`, its length limit int32 `[b, 1]` and the largest length penalty it can reach
+    float32 `[b, 1]`."""
+
+    inputs: tf.Tensor
+    where: tf.Tensor
+    ids: tf.Tensor
+    log_probs: tf.Tensor
+    scores: tf.Tensor
+    finished: tf.Tensor
+    lengths: tf.Tensor
+    stopped: tf.Tensor
+    limits: tf.Tensor
+    max_penalty: tf.Tensor
+
+
+class _BeamHypotheses(NamedTuple):
+    """Beam search's per-hypothesis part: the callback's state (`[b * K, ...]`; by slot `[b, ...]`),
+    the per-sentence constants `[b, ...]` (`()` when none) and, by slot, the lineage int32
+    `[b, K, step]` (else `()`)."""
+
+    state: object
+    rows: object
+    lineage: object
+
+
 # ---- the model as a step callback -----------------------------------------------------
 def model_step_fn(model, src_mask: tf.Tensor, cross_cache: list) -> StepFn:
     """`symbols_to_logits_fn` for a `transformer.model.transformer.Transformer`.
@@ -255,18 +299,17 @@ def greedy_decode(
     log_probs = tf.zeros([batch], tf.float32)
     # An empty tuple is an empty loop variable when attention is not collected.
     attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True) if return_attention else ()
-    # Per computed row `[b, ...]` (b = batch until finished rows are dropped): its input, its row in
-    # the outputs, whether it has ended, its length limit, its state and rows.
     limits = tf.fill([batch], tf.cast(max_steps, tf.int32)) if max_lengths is None else tf.cast(max_lengths, tf.int32)
-
-    computed = (start_ids, tf.range(batch), tf.zeros([batch], tf.bool), limits, state, () if rows is None else rows)
+    computed = _GreedyRows(start_ids, tf.range(batch), tf.zeros([batch], tf.bool), limits, state,
+                           () if rows is None else rows)
 
     def cond(step, computed, ids, lengths, log_probs, attention):
-        return (step < max_steps) & tf.logical_not(tf.reduce_all(computed[2]))
+        return (step < max_steps) & tf.logical_not(tf.reduce_all(computed.finished))
 
     def body(step, computed, ids, lengths, log_probs, attention):
-        inputs, where, finished, limits, state, rows_ = computed
-        outputs = _call(symbols_to_logits_fn, inputs, step, state, None if rows is None else rows_)
+        where, finished = computed.where, computed.finished
+        outputs = _call(symbols_to_logits_fn, computed.inputs, step, computed.state,
+                        None if rows is None else computed.rows)
         logits, state = outputs[0], outputs[1]
         logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b, V]
         next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [b]
@@ -281,8 +324,8 @@ def greedy_decode(
             keep = tf.reshape(tf.logical_not(finished), [-1] + [1] * (step_attention.shape.rank - 1))
             full = tf.concat([[batch], tf.shape(step_attention)[1:]], 0)
             attention = attention.write(step, tf.scatter_nd(at, tf.where(keep, step_attention, 0.0), full))
-        finished = finished | tf.equal(next_ids, end_id) | (step + 1 >= limits)
-        computed = (next_ids, where, finished, limits, state, rows_)
+        finished = finished | tf.equal(next_ids, end_id) | (step + 1 >= computed.limits)
+        computed = computed._replace(inputs=next_ids, finished=finished, state=state)
         if drop_finished > 0:
             computed = _keep_live(tf.logical_not(finished), drop_finished, _gather_rows, computed)
         return step + 1, computed, ids, lengths, log_probs, attention
@@ -293,7 +336,7 @@ def greedy_decode(
     if free or state_shape_invariants is not None:
         computed_shapes = _batch_shapes(computed, free)
         if state_shape_invariants is not None:
-            computed_shapes = (*computed_shapes[:4], state_shape_invariants, computed_shapes[5])
+            computed_shapes = computed_shapes._replace(state=state_shape_invariants)
         invariants = (tf.TensorShape([]), computed_shapes, *_batch_shapes(loop_vars[2:]))
     _, _, ids, lengths, log_probs, attention = tf.while_loop(
         cond, body, loop_vars, maximum_iterations=max_steps, shape_invariants=invariants)
@@ -390,48 +433,49 @@ def beam_search(
     limits = tf.fill([batch], tf.cast(max_steps, tf.int32)) if max_lengths is None else tf.cast(max_lengths, tf.int32)
     # The largest length penalty a hypothesis of each sentence can reach: [B, 1].
     max_penalty = length_penalty(tf.minimum(limits, max_steps), alpha)[:, tf.newaxis]
-    # Per sentence still searched `[b, ...]` (b = batch until stopped sentences are dropped): its
-    # row in the outputs, tokens, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty.
-    sentences = (tf.reshape(tile_beams(start_ids, k), [batch, k]), tf.range(batch),
-                 tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32)), log_probs, log_probs,
-                 tf.zeros([batch, k], tf.bool), tf.zeros([batch, k], tf.int32), tf.zeros([batch], tf.bool),
-                 limits[:, tf.newaxis], max_penalty)
-    # The state per hypothesis `[b * k, ...]` (by slot: per sentence `[b, ...]`), the rows per
-    # sentence `[b, ...]`, by slot the lineage `[b, k, step]`.
+    sentences = _BeamSentences(
+        inputs=tf.reshape(tile_beams(start_ids, k), [batch, k]), where=tf.range(batch),
+        ids=tf.fill([batch, k, max_steps], tf.constant(PAD_ID, tf.int32)), log_probs=log_probs, scores=log_probs,
+        finished=tf.zeros([batch, k], tf.bool), lengths=tf.zeros([batch, k], tf.int32),
+        stopped=tf.zeros([batch], tf.bool), limits=limits[:, tf.newaxis], max_penalty=max_penalty)
     if by_slot and rows is None:
         raise ValueError("beam_search(by_slot=True) needs rows")
-    hypotheses = (state, () if rows is None else rows, tf.zeros([batch, k, 0], tf.int32) if by_slot else ())
-    results = BeamResult(*(tf.zeros_like(sentences[i]) for i in (2, 4, 3, 6)))  # [B, ...], written back
+    hypotheses = _BeamHypotheses(state, () if rows is None else rows,
+                                 tf.zeros([batch, k, 0], tf.int32) if by_slot else ())
+    results = BeamResult(ids=tf.zeros_like(sentences.ids), scores=tf.zeros_like(sentences.scores),
+                         log_probs=tf.zeros_like(sentences.log_probs),
+                         lengths=tf.zeros_like(sentences.lengths))  # [B, ...], written back
 
     def write_back(results, sentences):
         """The results with the rows of `sentences` (all b of them) written at their places."""
-        _, where, ids, log_probs, scores, _, lengths = sentences[:7]
-        at = where[:, tf.newaxis]
-        return BeamResult(*(tf.tensor_scatter_nd_update(r, at, x)
-                            for r, x in zip(results, (ids, scores, log_probs, lengths))))
+        at = sentences.where[:, tf.newaxis]
+        return BeamResult(*(tf.tensor_scatter_nd_update(getattr(results, name), at, getattr(sentences, name))
+                            for name in BeamResult._fields))
 
     def drop(structure, keep):  # keep: int32 [n] sentences
         sentences, hypotheses, results = structure
         rows_kept = keep if by_slot else tf.reshape(keep[:, tf.newaxis] * k + tf.range(k), [-1])  # [n (* k)]
-        state, rows_, lineage = hypotheses
-        hypotheses = (_gather_rows(state, rows_kept), _gather_rows(rows_, keep), _gather_rows(lineage, keep))
+        hypotheses = _BeamHypotheses(_gather_rows(hypotheses.state, rows_kept), _gather_rows(hypotheses.rows, keep),
+                                     _gather_rows(hypotheses.lineage, keep))
         return _gather_rows(sentences, keep), hypotheses, write_back(results, sentences)
 
     def searching(sentences):
         """bool `[b]`: the sentence has neither stopped nor ended all its hypotheses."""
-        return tf.logical_not(sentences[7] | tf.reduce_all(sentences[5], axis=1))
+        return tf.logical_not(sentences.stopped | tf.reduce_all(sentences.finished, axis=1))
 
     def cond(step, sentences, hypotheses, results):
         return (step < max_steps) & tf.reduce_any(searching(sentences))
 
     def body(step, sentences, hypotheses, results):
-        inputs, where, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty = sentences
-        state, rows_, lineage = hypotheses
-        b = tf.shape(inputs)[0]
+        ids, log_probs, scores, finished, lengths, stopped = (
+            sentences.ids, sentences.log_probs, sentences.scores, sentences.finished, sentences.lengths,
+            sentences.stopped)
+        state, lineage = hypotheses.state, hypotheses.lineage
+        b = tf.shape(sentences.inputs)[0]
         if by_slot:  # each slot's new position is its own
             lineage = tf.concat([lineage, tf.tile(tf.range(k)[tf.newaxis, :, tf.newaxis], [b, 1, 1])], axis=2)
-        outputs = _call(symbols_to_logits_fn, tf.reshape(inputs, [-1]), step, state, None if rows is None else rows_,
-                        lineage if by_slot else None)
+        outputs = _call(symbols_to_logits_fn, tf.reshape(sentences.inputs, [-1]), step, state,
+                        None if rows is None else hypotheses.rows, lineage if by_slot else None)
         logits, state = outputs[0], outputs[1]
         logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b*K, V]
         # Each hypothesis's K best continuations; a finished one has one: [END] at log-probability 0.
@@ -456,18 +500,19 @@ def beam_search(
         scores = tf.where(keep, scores, new_scores)
         log_probs = tf.where(keep, log_probs, new_log_probs)
         lengths = tf.where(keep, lengths, tf.gather(new_lengths, parents, batch_dims=1))
-        finished = tf.where(keep, finished, was_finished | tf.equal(tokens, end_id)) | (step + 1 >= limits)
+        finished = tf.where(keep, finished, was_finished | tf.equal(tokens, end_id)) | (step + 1 >= sentences.limits)
         if early_stop:
             best_finished = tf.reduce_max(tf.where(finished, scores, NEG_INF), axis=1)  # [b]
-            best_alive = tf.reduce_max(tf.where(finished, NEG_INF, log_probs) / max_penalty, axis=1)
+            best_alive = tf.reduce_max(tf.where(finished, NEG_INF, log_probs) / sentences.max_penalty, axis=1)
             stopped = stopped | (tf.reduce_any(finished, axis=1) & (best_finished >= best_alive))
         if by_slot:
             lineage = tf.gather(lineage, parents, batch_dims=1)  # [b, K, step + 1]
         else:
             rows_of_parents = tf.reshape(parents + tf.range(b)[:, tf.newaxis] * k, [-1])  # [b*K] rows
             state = _gather_rows(state, rows_of_parents)
-        sentences = (tokens, where, ids, log_probs, scores, finished, lengths, stopped, limits, max_penalty)
-        structure = (sentences, (state, rows_, lineage), results)
+        sentences = sentences._replace(inputs=tokens, ids=ids, log_probs=log_probs, scores=scores, finished=finished,
+                                       lengths=lengths, stopped=stopped)
+        structure = (sentences, hypotheses._replace(state=state, lineage=lineage), results)
         if drop_finished > 0:
             structure = _keep_live(searching(sentences), drop_finished, drop, structure)
         return (step + 1, *structure)
@@ -477,8 +522,8 @@ def beam_search(
     invariants = None
     if free or by_slot or state_shape_invariants is not None:
         lineage_shape = tf.TensorShape([None if free else start_ids.shape[0], k, None]) if by_slot else ()
-        hypothesis_shapes = (state_shape_invariants or _batch_shapes(state, free), _batch_shapes(hypotheses[1], free),
-                             lineage_shape)
+        hypothesis_shapes = _BeamHypotheses(state_shape_invariants or _batch_shapes(state, free),
+                                            _batch_shapes(hypotheses.rows, free), lineage_shape)
         invariants = (tf.TensorShape([]), _batch_shapes(sentences, free), hypothesis_shapes, _batch_shapes(results))
     _, sentences, _, results = tf.while_loop(cond, body, loop_vars, maximum_iterations=max_steps,
                                              shape_invariants=invariants)
