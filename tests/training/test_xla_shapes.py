@@ -29,11 +29,8 @@ from transformer.runtime.precision import (
     DeviceFacts,
     XlaWorkload,
     decide_precision,
-    enable_xla_cache,
-    prune_xla_cache,
-    xla_cache_dir,
-    xla_cache_entries,
 )
+from transformer.runtime.xla_cache import enable_xla_cache, prune_xla_cache, xla_cache_dir, xla_cache_entries
 from transformer.training.trainer import _decide_xla, _with_decision
 from transformer.training.training_data import count_batches, xla_workload
 

@@ -318,7 +318,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | gpu
     mixed_precision: str = "auto"  # auto | off | float16 | bfloat16 (auto: transformer/runtime/precision.py)
     xla: Optional[bool] = None  # None: auto (transformer/runtime/precision.py); True/False: --xla/--no-xla
-    xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (precision.xla_cache_dir)
+    xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (runtime/xla_cache.py, xla_cache_dir)
     output_dir: str = "runs/latest"
     resume: bool = False
     # --init-from: a new run starting from another run's weights (transformer/training/init_from.py)

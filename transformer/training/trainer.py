@@ -67,8 +67,9 @@ from transformer.runtime import distribute
 from transformer.runtime.devices import select_device, set_precision
 from transformer.runtime.faults import DivergenceGuard, InterruptHandler
 from transformer.runtime.flops import TransformerDims
-from transformer.runtime.precision import PrecisionDecision, decide_precision, enable_xla_cache, xla_cache_entries
+from transformer.runtime.precision import PrecisionDecision, decide_precision
 from transformer.runtime.runlock import RunLock, make_run_dir
+from transformer.runtime.xla_cache import enable_xla_cache, xla_cache_entries
 from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
 from transformer.training.backup import StepBackupAndRestore, snapshots
 from transformer.training.batch_probe import resolve_batch
@@ -475,7 +476,7 @@ def _log_compilations(report: StepTimeReport) -> None:
     if cache is not None and cache["entries_before"] == cache["entries_after"] == 0 and \
             any(entry["compilations"] for entry in steps.values()):
         log.warning("XLA's persistent cache %s was not written: TensorFlow had read $TF_XLA_FLAGS before train() "
-                    "named it (call transformer.runtime.precision.enable_xla_cache before TensorFlow's first op)",
+                    "named it (call transformer.runtime.xla_cache.enable_xla_cache before TensorFlow's first op)",
                     cache["directory"])
     log.info("XLA: %s compilations over a grid of %d lengths%s",
              ", ".join(f"{name} {entry['compilations']} ({entry['new_shape_steps_s']:.1f} s in steps meeting a new shape)"
