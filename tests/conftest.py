@@ -22,6 +22,9 @@ os.environ.setdefault("TRANSFORMER_AUTO_PRECISION", "off")
 # inputs to 10 mantissa bits, ~1e-4 off the values tests compare. The variable covers child
 # processes (scripts, distributed workers); the call below this process.
 os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
+# README runs the tests in two processes (`-n 2`): on a GPU each takes memory as it needs it
+# instead of all of it at start, so both fit on one device.
+os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
