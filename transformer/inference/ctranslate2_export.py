@@ -10,7 +10,8 @@ The directory written holds CTranslate2's `model.bin`, `config.json` and the voc
 configs). `CTranslate2Translator` tokenizes with our tokenizers exactly as
 `transformer.inference.translator.Translator` does (sanitise, truncate to `max_length`,
 [START] … [END]), feeds the token strings of those ids to CTranslate2's greedy search (or its
-beam search, `DecodeConfig.beam_size` > 1), and detokenizes the returned ids with our tokenizer: the two differ only in the decoder.
+beam search, `DecodeConfig.beam_size` > 1), and detokenizes the returned ids with our
+tokenizer: the two differ only in the decoder.
 
 How our model maps onto `ctranslate2.specs.TransformerSpec` (`model_spec`):
     post-norm or pre-norm (`layer_norm`), relu FFN, scaled embeddings (× sqrt(d_model));
