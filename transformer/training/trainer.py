@@ -254,30 +254,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     corpus = load_corpus(config.data)
     log.info("corpus %s: %s train pairs, %s validation pairs, %d empty pairs dropped",
              corpus.name, corpus.num_train, corpus.num_validation, corpus.dropped_empty)
-    saved_tokenizers = run_dir / TOKENIZER_DIR
-    if resuming and saved_tokenizers.is_dir() and (run_dir / CONFIG_FILE).exists():
-        # the vocabulary the checkpoints were trained with, whatever --vocab-size etc. say now
-        tokenizers, tokenizer_dir = load_tokenizers(saved_tokenizers), saved_tokenizers
-        saved = RunConfig.load(run_dir / CONFIG_FILE)
-        config = dataclasses.replace(config, tokenizer=saved.tokenizer)
-        kept = {k: getattr(saved.train, k) for k in RUN_TRAIN_FIELDS}  # the optimizer's state is laid out by them
-        if kept != {k: getattr(config.train, k) for k in RUN_TRAIN_FIELDS}:
-            log.warning("--resume: the run's %s, not the config's", ", ".join(f"{k}={v}" for k, v in kept.items()))
-            config = config.replace(train=kept)
-        if init is None and saved.train.init_from:  # resumed without --init-from: the run still records its start
-            config = config.replace(train={k: getattr(saved.train, k)
-                                           for k in ("init_from", "init_checkpoint", "init_from_step")})
-        log.info("--resume: using the run's tokenizers in %s", saved_tokenizers)
-    elif init is not None:  # the vocabulary the initial weights were trained with
-        tokenizers, tokenizer_dir = load_tokenizers(init.tokenizer_dir), init.tokenizer_dir
-        config = config.replace(tokenizer=dataclasses.replace(init.config.tokenizer, root=config.tokenizer.root))
-        log.info("--init-from: using the tokenizers of %s", init.run_dir)
-    else:
-        tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
-    try:  # --resume / --init-from: the tokenizers (and their kind) are the run's, known only now
-        check_sampling(config)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    config, tokenizers, tokenizer_dir = _run_tokenizers(config, corpus, run_dir, resuming, init)
     run_tokenizers = write_dir / TOKENIZER_DIR
     if not run_tokenizers.exists():
         shutil.copytree(tokenizer_dir, run_tokenizers)
@@ -421,6 +398,39 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     atomic.write_json(write_dir / SUMMARY_FILE, summary)
     # A non-chief's write_dir is deleted when train() returns: point at the chief's files.
     return TrainResult(run_dir, run_tokenizers if role.is_chief else tokenizer_dir, history, summary, model)
+
+
+def _run_tokenizers(config: RunConfig, corpus, run_dir: Path, resuming: bool,
+                    init: Optional[InitSource]) -> tuple[RunConfig, object, Path]:
+    """(config, tokenizers, their directory) for this run: on `--resume` the run's own (and the
+    train fields its optimizer state is laid out by), with `--init-from` those of the initial
+    run, else built from the corpus (or loaded from the tokenizer cache). Stops with a
+    `ConfigError` when `--subword-alpha` does not suit the tokenizers' kind."""
+    saved_tokenizers = run_dir / TOKENIZER_DIR
+    if resuming and saved_tokenizers.is_dir() and (run_dir / CONFIG_FILE).exists():
+        # the vocabulary the checkpoints were trained with, whatever --vocab-size etc. say now
+        tokenizers, tokenizer_dir = load_tokenizers(saved_tokenizers), saved_tokenizers
+        saved = RunConfig.load(run_dir / CONFIG_FILE)
+        config = dataclasses.replace(config, tokenizer=saved.tokenizer)
+        kept = {k: getattr(saved.train, k) for k in RUN_TRAIN_FIELDS}  # the optimizer's state is laid out by them
+        if kept != {k: getattr(config.train, k) for k in RUN_TRAIN_FIELDS}:
+            log.warning("--resume: the run's %s, not the config's", ", ".join(f"{k}={v}" for k, v in kept.items()))
+            config = config.replace(train=kept)
+        if init is None and saved.train.init_from:  # resumed without --init-from: the run still records its start
+            config = config.replace(train={k: getattr(saved.train, k)
+                                           for k in ("init_from", "init_checkpoint", "init_from_step")})
+        log.info("--resume: using the run's tokenizers in %s", saved_tokenizers)
+    elif init is not None:  # the vocabulary the initial weights were trained with
+        tokenizers, tokenizer_dir = load_tokenizers(init.tokenizer_dir), init.tokenizer_dir
+        config = config.replace(tokenizer=dataclasses.replace(init.config.tokenizer, root=config.tokenizer.root))
+        log.info("--init-from: using the tokenizers of %s", init.run_dir)
+    else:
+        tokenizers, tokenizer_dir = build_or_load_tokenizers(corpus, config.tokenizer)
+    try:  # --resume / --init-from: the tokenizers (and their kind) are the run's, known only now
+        check_sampling(config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return config, tokenizers, tokenizer_dir
 
 
 def _save_ema(model: Transformer, optimizer, config: RunConfig, write_dir: Path) -> dict:
