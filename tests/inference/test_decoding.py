@@ -129,6 +129,16 @@ def test_dropping_finished_rows_shrinks_the_batch_and_keeps_every_row():
     assert dropped.attention.numpy()[3, 9, END_ID] == 9 and dropped.attention.numpy()[4, 6:].max() == 0
 
 
+def test_without_log_probs_the_same_ids_and_lengths():
+    """`return_log_probs=False` (the Translator's greedy loop) skips the per-step log-softmax only."""
+    end_steps = tf.constant([1, 3, 3, 9, 5])
+    results = [decoding.greedy_decode(rows_step_fn()[0], tf.fill([5], START_ID), tf.zeros([5]), 12, rows=end_steps,
+                                      drop_finished=0.75, return_log_probs=flag) for flag in (True, False)]
+    assert results[1].log_probs is None and results[0].log_probs.shape == [5]
+    assert results[1].ids.numpy().tolist() == results[0].ids.numpy().tolist()
+    assert results[1].lengths.numpy().tolist() == results[0].lengths.numpy().tolist() == [2, 4, 4, 10, 6]
+
+
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])
 def test_rows_of_very_different_lengths_get_their_single_row_results(head_width):
     """Rows ending at steps 1 … 20 in one batch (dropped as they end, in graph mode) give each

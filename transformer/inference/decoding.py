@@ -64,14 +64,15 @@ class GreedyResult(NamedTuple):
 
     ids: int32 `[batch, max_steps]` generated tokens ([END] included, [PAD] after it).
     lengths: int32 `[batch]`, generated tokens per row, [END] included.
-    log_probs: float32 `[batch]`, sum of the chosen tokens' log-probabilities.
+    log_probs: float32 `[batch]`, sum of the chosen tokens' log-probabilities (None with
+        `return_log_probs=False`).
     attention: `[batch, max_steps, ...]` per-step callback attention (zeros after [END]),
         or None unless `return_attention=True`.
     """
 
     ids: tf.Tensor
     lengths: tf.Tensor
-    log_probs: tf.Tensor
+    log_probs: Optional[tf.Tensor]
     attention: Optional[tf.Tensor] = None
 
 
@@ -265,6 +266,7 @@ def greedy_decode(
     state_shape_invariants=None,
     rows=None,
     drop_finished: float = 0.0,
+    return_log_probs: bool = True,
 ) -> GreedyResult:
     """Batched greedy decoding in one `tf.while_loop`.
 
@@ -283,6 +285,8 @@ def greedy_decode(
         rows: optional per-row constants handed to the callback (module docstring).
         drop_finished: float in [0, 1). Drop finished rows once the unfinished ones are at most
             this fraction of the rows computed (module docstring); 0: never (static shapes).
+        return_log_probs: bool. Sum the chosen tokens' log-probabilities (a log-softmax over
+            `[batch, vocab]` every step); False: `GreedyResult.log_probs` is None.
 
     Returns:
         `GreedyResult`. The loop stops when every row is finished or after `max_steps`.
@@ -296,7 +300,7 @@ def greedy_decode(
     batch = tf.shape(start_ids)[0]
     ids = tf.fill([batch, max_steps], tf.constant(PAD_ID, tf.int32))
     lengths = tf.zeros([batch], tf.int32)
-    log_probs = tf.zeros([batch], tf.float32)
+    log_probs = tf.zeros([batch], tf.float32) if return_log_probs else ()  # (): an empty loop variable
     # An empty tuple is an empty loop variable when attention is not collected.
     attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True) if return_attention else ()
     limits = tf.fill([batch], tf.cast(max_steps, tf.int32)) if max_lengths is None else tf.cast(max_lengths, tf.int32)
@@ -314,10 +318,11 @@ def greedy_decode(
         logits = _mask_forbidden(tf.cast(logits, tf.float32), forbidden_ids)  # [b, V]
         next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # [b]
         next_ids = tf.where(finished, PAD_ID, next_ids)
-        chosen = tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)  # [b]
         at = where[:, tf.newaxis]  # [b, 1]: the rows' places in the outputs
         ids = tf.tensor_scatter_nd_update(ids, tf.stack([where, tf.fill(tf.shape(where), step)], 1), next_ids)
-        log_probs = tf.tensor_scatter_nd_add(log_probs, at, tf.where(finished, 0.0, chosen))
+        if return_log_probs:
+            chosen = tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)  # [b]
+            log_probs = tf.tensor_scatter_nd_add(log_probs, at, tf.where(finished, 0.0, chosen))
         lengths = tf.tensor_scatter_nd_add(lengths, at, tf.cast(tf.logical_not(finished), tf.int32))
         if return_attention:
             step_attention = tf.cast(outputs[2], tf.float32)  # [b, ...]
@@ -348,7 +353,7 @@ def greedy_decode(
         stacked = tf.transpose(stacked, [1, 0] + list(range(2, rank)))  # [B, steps, ...]
         pad = max_steps - tf.shape(stacked)[1]
         attention = tf.pad(stacked, [[0, 0], [0, pad]] + [[0, 0]] * (rank - 2))
-    return GreedyResult(ids, lengths, log_probs, attention)
+    return GreedyResult(ids, lengths, log_probs if return_log_probs else None, attention)
 
 
 # ---- beam search ---------------------------------------------------------------------
@@ -579,7 +584,8 @@ def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dty
 
 def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, return_attention: bool = False,
                      forbidden_ids: Sequence[int] = DEFAULT_FORBIDDEN_IDS, lean: bool = True,
-                     drop_finished: float = DROP_FINISHED, projection_dtype: str = "float32") -> GreedyResult:
+                     drop_finished: float = DROP_FINISHED, projection_dtype: str = "float32",
+                     return_log_probs: bool = True) -> GreedyResult:
     """Cached greedy decoding of `src_ids [batch, src_len]` (pad 0): encoder once, one token per step.
 
     `max_steps` must be ≤ `model.config.max_length` (positions 0 … max_steps-1 are fed).
@@ -588,13 +594,14 @@ def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, 
     `transformer.model.step_decoder.StepDecoder` (growing caches, finished rows dropped as
     `drop_finished` says; not for XLA); False: the model's `decode_step` with its fixed-size
     cache and every row to the end (static shapes, for XLA). `projection_dtype` (lean only):
-    the output projection's matmul, "float32" or "bfloat16" (`StepDecoder`).
+    the output projection's matmul, "float32" or "bfloat16" (`StepDecoder`). `return_log_probs`:
+    as in `greedy_decode` (the Translator needs only ids and lengths).
     """
     step_fn, state, rows, invariants = _start(model, src_ids, max_steps, 1, lean, projection_dtype)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return greedy_decode(step_fn, start, state, max_steps, max_lengths=max_lengths, forbidden_ids=forbidden_ids,
                          return_attention=return_attention, state_shape_invariants=invariants, rows=rows,
-                         drop_finished=drop_finished if lean else 0.0)
+                         drop_finished=drop_finished if lean else 0.0, return_log_probs=return_log_probs)
 
 
 def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alpha: float = 0.6,

@@ -170,7 +170,8 @@ class Translator(tf.Module):
         src, has_tokens = self.source_ids(sentences)
         src_ids = src.to_tensor()  # [B, S]
         result = decoding.greedy_translate(self.model, tf.cast(src_ids, tf.int32), self._max_steps(tf.shape(src_ids)[1]),
-                                           max_lengths=self._row_limits(src_ids), return_attention=True)
+                                           max_lengths=self._row_limits(src_ids), return_attention=True,
+                                           return_log_probs=False)
         ids = result.ids
         lengths = tf.where(has_tokens, result.lengths, 0)
         ids = tf.where(tf.range(tf.shape(ids)[1])[tf.newaxis] < lengths[:, tf.newaxis], ids, PAD_ID)
@@ -247,7 +248,7 @@ class Translator(tf.Module):
         if self.config.beam_size == 1:
             result = decoding.greedy_translate(self.model, src_ids, max_steps, max_lengths=limits, lean=lean,
                                                drop_finished=self.config.drop_finished,
-                                               projection_dtype=self.config.projection_dtype)
+                                               projection_dtype=self.config.projection_dtype, return_log_probs=False)
             return result.ids, result.lengths
         result = decoding.beam_translate(self.model, src_ids, self.config.beam_size, max_steps,
                                          alpha=self.config.alpha, max_lengths=limits, lean=lean,
