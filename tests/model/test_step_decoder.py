@@ -142,3 +142,35 @@ def test_slot_cache_with_lineage_equals_cache_gathered_by_parent(head_width):
     assert all(k.shape == (batch, config.num_heads, group, 5, config.key_dim) for k, _ in slots)
     with pytest.raises(ValueError, match="not both"):
         decoder.step(context, ids[:, 0], tf.constant(5), slots, group, lineage, self_bias=tf.zeros([1, 1, 1, 6]))
+
+
+@pytest.mark.parametrize("tie", ["none", "output"])
+def test_forbidden_ids_are_neg_inf_in_the_bias_and_never_generated(tie):
+    """`forbidden_ids` go into the projection's bias: those logits are NEG_INF, the others
+    unchanged, and greedy and beam decoding of a model that prefers them never emit them."""
+    from transformer.base.constants import START_ID
+    from transformer.inference import decoding
+
+    config = dataclasses.replace(TINY_MODEL, head_width="paper", tie_embeddings=tie)
+    model = build(config, seed=9)
+    model.final_layer.bias.assign(tf.tensor_scatter_nd_update(  # PAD and START far ahead of every other token
+        model.final_layer.bias, [[PAD_ID], [START_ID]], [50.0, 40.0]))
+    src, tgt = random_ids(config)
+    memory, src_mask = model.encode(src)
+    outputs = {}
+    for forbidden in ((), (PAD_ID, START_ID)):
+        decoder = StepDecoder(model, forbidden_ids=forbidden)
+        context, cache = decoder.start(memory, src_mask)
+        outputs[forbidden] = decoder.step(context, tf.constant(tgt[:, 0]), tf.constant(0), cache)[0].numpy()
+    plain, masked = outputs[()], outputs[(PAD_ID, START_ID)]
+    assert (plain.argmax(-1) == PAD_ID).all()  # the model prefers PAD: the test can tell
+    assert (masked[:, [PAD_ID, START_ID]] < -1e8).all()
+    others = np.ones(plain.shape[1], bool)
+    others[[PAD_ID, START_ID]] = False
+    np.testing.assert_array_equal(masked[:, others], plain[:, others])
+    greedy = decoding.greedy_translate(model, tf.constant(src), 8)
+    beam = decoding.beam_translate(model, tf.constant(src), 3, 8)
+    generated = [row[:n] for row, n in zip(greedy.ids.numpy(), greedy.lengths.numpy())]
+    generated += [row[:n] for rows, lengths in zip(beam.ids.numpy(), beam.lengths.numpy())
+                  for row, n in zip(rows, lengths)]
+    assert all(len(row) and PAD_ID not in row and START_ID not in row for row in generated)

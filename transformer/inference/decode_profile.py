@@ -16,9 +16,9 @@ Greedy or beam search, as the translator decodes. Each part is timed on its own,
     projection     the output projection `[rows, d_model] × [d_model, vocab]` + bias (part of `step`)
     cache_update   appending one position to every layer's self-attention keys and values
                    (part of `step`)
-    selection      the next tokens from the logits `[rows, vocab]`: forbidden-token mask, then
-                   argmax + log-softmax (greedy) or each hypothesis's beam-size best tokens and
-                   their log-probabilities (beam search)
+    selection      the next tokens from the logits `[rows, vocab]` (forbidden tokens are already
+                   NEG_INF: the projection's bias): argmax (greedy) or each hypothesis's beam-size
+                   best tokens and their log-probabilities (beam search)
     detokenize     generated ids → strings, all sentences at once
 
 Derived: `decoder_steps` = Σ chunks `step` × steps the loop ran (the longest hypothesis of the
@@ -92,7 +92,7 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     if translator.config.jit_compile:
         raise ValueError("the breakdown times decoding without XLA (jit_compile False)")
     model, beam = translator.model, translator.config.beam_size
-    decoder = StepDecoder(model)
+    decoder = StepDecoder(model, forbidden_ids=decoding.DEFAULT_FORBIDDEN_IDS)  # as the Translator's
     text = tf.constant(list(sentences))
     tokenize = _timed(lambda: translator.source_ids(text)[0].flat_values)
     seconds = {"tokenize": _best_time(tokenize, repeats)}
@@ -185,11 +185,9 @@ def _search(translator, src):
 
 def _select(logits, beam: int):
     """The loop's token choice from logits `[rows, vocab]` (see module docstring: selection)."""
-    logits = decoding._mask_forbidden(logits, decoding.DEFAULT_FORBIDDEN_IDS)
     if beam > 1:
         return decoding._beam_candidates(logits, beam)
-    next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
-    return next_ids, tf.gather(tf.nn.log_softmax(logits), next_ids, batch_dims=1)
+    return tf.argmax(logits, axis=-1, output_type=tf.int32)  # the Translator's greedy loop sums no log-probabilities
 
 
 def format_breakdown(breakdown: dict) -> str:

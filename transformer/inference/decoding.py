@@ -558,9 +558,11 @@ def step_decoder_fn(decoder: StepDecoder, context: dict, group: int = 1) -> Step
 ROW_CONTEXT = ("cross", "bias")  # the parts of `StepDecoder.start`'s context with a batch dimension
 
 
-def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dtype: str = "float32"):
+def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dtype: str = "float32",
+           forbidden_ids: Sequence[int] = ()):
     """Encoder once, then (step callback, initial state, per-row constants or None, state shape
-    invariants) for `beam_size` hypotheses per row. The lean step's state with beam_size > 1
+    invariants) for `beam_size` hypotheses per row. The lean step writes `forbidden_ids` into
+    its projection's bias (the strategy then need not mask them). The lean step's state with beam_size > 1
     is `slot_cache` (kept by beam slot: beam search runs `by_slot`) and its per-row constants
     stay one per sentence; the fixed-size cache path's state, cross-attention cache and mask
     are tiled. `projection_dtype`: the lean step's
@@ -570,7 +572,7 @@ def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dty
     memory, src_mask = model.encode(src_ids, training=False)
     tile = (lambda x: tile_beams(x, beam_size)) if beam_size > 1 else (lambda x: x)
     if lean:
-        decoder = StepDecoder(model, projection_dtype)
+        decoder = StepDecoder(model, projection_dtype, forbidden_ids)
         context, cache = decoder.start(memory, src_mask)
         rows = {key: context[key] for key in ROW_CONTEXT}
         if beam_size > 1:
@@ -597,9 +599,10 @@ def greedy_translate(model, src_ids: tf.Tensor, max_steps, *, max_lengths=None, 
     the output projection's matmul, "float32" or "bfloat16" (`StepDecoder`). `return_log_probs`:
     as in `greedy_decode` (the Translator needs only ids and lengths).
     """
-    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, 1, lean, projection_dtype)
+    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, 1, lean, projection_dtype, forbidden_ids)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
-    return greedy_decode(step_fn, start, state, max_steps, max_lengths=max_lengths, forbidden_ids=forbidden_ids,
+    return greedy_decode(step_fn, start, state, max_steps, max_lengths=max_lengths,
+                         forbidden_ids=() if lean else forbidden_ids,  # the lean step masks them
                          return_attention=return_attention, state_shape_invariants=invariants, rows=rows,
                          drop_finished=drop_finished if lean else 0.0, return_log_probs=return_log_probs)
 
@@ -617,10 +620,12 @@ def beam_translate(model, src_ids: tf.Tensor, beam_size: int, max_steps, *, alph
     self-attention cache (the state) follows the beam parents: the fixed-size cache is gathered
     by parent every step, the lean step's is kept by slot and masked by lineage (`by_slot`).
     """
-    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean, projection_dtype)
+    step_fn, state, rows, invariants = _start(model, src_ids, max_steps, beam_size, lean, projection_dtype,
+                                              forbidden_ids)
     start = tf.fill([tf.shape(src_ids)[0]], tf.constant(START_ID, tf.int32))
     return beam_search(step_fn, start, state, beam_size, max_steps, alpha=alpha, max_lengths=max_lengths,
-                       forbidden_ids=forbidden_ids, state_shape_invariants=invariants, rows=rows,
+                       forbidden_ids=() if lean else forbidden_ids,  # the lean step masks them
+                       state_shape_invariants=invariants, rows=rows,
                        drop_finished=drop_finished if lean else 0.0, by_slot=lean and beam_size > 1)
 
 

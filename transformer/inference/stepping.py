@@ -67,7 +67,7 @@ class ContinuousDecoder:
                              f"jit_compile {config.jit_compile}")
         self.translator = translator
         model = translator.model
-        self._decoder = StepDecoder(model, config.projection_dtype)
+        self._decoder = StepDecoder(model, config.projection_dtype, DEFAULT_FORBIDDEN_IDS)  # never generated
         d_model, heads, key_dim = model.config.d_model, model.config.num_heads, model.config.key_dim
         self._dtype = self._decoder.dtype
         # Weights in the step's layout, once (StepDecoder.start on an empty batch computes them).
@@ -188,8 +188,7 @@ class ContinuousDecoder:
         context = {"weights": self._weights, "output": self._output, "cross": cross, "bias": bias}
         positions = tf.where(left > 0, columns - start, 0)  # an ended row, still in the batch, may be past max_length
         logits, cache, _ = self._decoder.step(context, ids, positions, cache, self_bias=self_bias)
-        forbidden = tf.reduce_any(tf.equal(tf.range(tf.shape(logits)[1])[:, tf.newaxis], list(DEFAULT_FORBIDDEN_IDS)), -1)
-        next_ids = tf.argmax(tf.where(forbidden[tf.newaxis], NEG_INF, logits), axis=-1, output_type=tf.int32)
+        next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # forbidden ids: NEG_INF in the projection's bias
         left = tf.where(tf.equal(next_ids, END_ID), 0, left - 1)
         return next_ids, left <= 0, (next_ids, start, left, cache, cross, bias)
 
