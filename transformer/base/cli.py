@@ -199,7 +199,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
                             f"auto: {RECIPE_MAX_TOKENS} on CPU, on a GPU the largest budget that fits its memory and "
                             "still raises tokens/s (a short probe, cached; see --lr-scaling)")
     group.add_argument("--bucket-width", type=int,
-                       help="padded lengths are multiples of this (optimized pipeline; default 8): smaller = "
+                       help="padded lengths are multiples of this (optimized pipeline; default 4): smaller = "
                             "less padding, more distinct shapes (XLA compiles one program per shape)")
     group.add_argument("--length-buckets", type=_length_buckets, metavar="{auto,width,geometric,L1,L2,...}",
                        help="padded lengths of the optimized pipeline: width = multiples of --bucket-width; "

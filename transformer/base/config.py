@@ -244,7 +244,7 @@ class PipelineConfig:
     max_tokens: Union[int, str, None] = AUTO  # int | None | "auto" (see above)
     shuffle_buffer: int = 20000
     cache: str = "memory"  # "memory", or a file path prefix for tf.data's file cache
-    bucket_width: int = 8  # padded lengths are multiples of this → a bounded set of shapes
+    bucket_width: int = 4  # padded lengths are multiples of this → a bounded set of shapes (docs/speed.md)
     length_buckets: str = "auto"  # auto | width | geometric | "L1,L2,…" (see the docstring)
     # Subword regularisation (Kudo 2018), training batches only: each pass over the training
     # pairs samples a fresh SentencePiece segmentation of every sentence from its `subword_nbest`

@@ -13,7 +13,7 @@ Sequences are truncated to `max_length` tokens.
      to the same length, the first of the grid's lengths (`length_grid`) that holds both, and
      a batch holds `max_tokens // length` rows (at most `max_tokens` padded tokens per side),
      so there is one batch shape per length of the grid; training batches drop the remainder
-     so batch sizes are fixed. The grid: multiples of `bucket_width` (default 8: ~16 shapes,
+     so batch sizes are fixed. The grid: multiples of `bucket_width` (default 4: ~32 shapes,
      little padding) or, when the train step is XLA-compiled (one program per shape), the
      "geometric" grid 16, 24, 32, 48, 64, 96, 128 (7 shapes); with a grid other than
      "width", evaluation batches (`training=False`) are padded to the same full row count
