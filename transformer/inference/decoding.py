@@ -52,9 +52,9 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
+from transformer.model.layers import NEG_INF
 from transformer.model.step_decoder import StepDecoder
 
-NEG_INF = -1e9
 DEFAULT_FORBIDDEN_IDS = (PAD_ID, START_ID)  # never generated: PAD is masked as a key, START only opens
 DROP_FINISHED = DecodeConfig.drop_finished
 
