@@ -56,7 +56,7 @@ def test_geometric_grid_has_few_lengths_capped_at_max_length():
 
 def test_length_buckets_resolve_for_xla_and_explicit_lengths_are_capped():
     auto = PipelineConfig()
-    assert auto.length_buckets == "auto" and length_grid(auto, 128) == padded_lengths(128, auto.bucket_width)  # 32 lengths
+    assert auto.length_buckets == "auto" and length_grid(auto, 128) == padded_lengths(128, 4)  # 32 lengths
     assert resolve_length_buckets(auto, xla=True).length_buckets == "geometric"
     assert resolve_length_buckets(auto, xla=False).length_buckets == "width"
     explicit = PipelineConfig(length_buckets="16,32,64,256")

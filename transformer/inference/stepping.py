@@ -38,9 +38,10 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig, ModelConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
-from transformer.inference.decoding import DEFAULT_FORBIDDEN_IDS, NEG_INF
+from transformer.inference.decoding import DEFAULT_FORBIDDEN_IDS
 from transformer.inference.rundir import build_model, cast_model
 from transformer.inference.translator import SENTENCES_SPEC, Translator, as_string_batch
+from transformer.model.layers import NEG_INF
 from transformer.model.step_decoder import StepDecoder
 
 # Ended rows' translations are returned every this many steps (one detokenizer call for all of
