@@ -302,6 +302,8 @@ class TrainConfig:
     # None: not applied yet (a config from the command line).
     lr_batch_factor: Optional[float] = None
     label_smoothing: float = 0.1
+    # late dropout: every dropout off before this epoch (1-based; 1 = from the start), on from it
+    dropout_from_epoch: int = 1
     # gradient accumulation: each optimizer update sums the gradients of this many micro-batches of the
     # pipeline's size (the effective batch is N times larger, the memory that of one micro-batch);
     # steps, the schedule and step-time reports count updates (transformer/model/accumulation.py)
@@ -388,6 +390,10 @@ class TrainConfig:
         if isinstance(self.accumulate_steps, bool) or not isinstance(self.accumulate_steps, int) \
                 or self.accumulate_steps < 1:
             raise ValueError(f"train.accumulate_steps must be an integer >= 1, got {self.accumulate_steps!r}")
+        if isinstance(self.dropout_from_epoch, bool) or not isinstance(self.dropout_from_epoch, int) \
+                or self.dropout_from_epoch < 1:
+            raise ValueError(f"train.dropout_from_epoch must be an integer >= 1 (1: dropout from the first epoch), "
+                             f"got {self.dropout_from_epoch!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.strategy not in STRATEGIES:

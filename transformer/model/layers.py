@@ -196,7 +196,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         scores = tf.nn.softmax(logits, axis=-1)
         # Keras' Dropout creates its seed generator only for a rate > 0.
         use_dropout = training and self._dropout > 0
-        dropped = fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator) if use_dropout else scores
+        dropped = (fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator,
+                                getattr(self._dropout_layer, "dropout_switch", None)) if use_dropout else scores)
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 

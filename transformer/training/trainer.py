@@ -76,6 +76,7 @@ from transformer.training.batch_probe import resolve_batch
 from transformer.training.budget import TrainingClock
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.init_from import InitSource, open_init_source
+from transformer.training.late_dropout import LateDropout, late_dropout_switch
 from transformer.training.profiling import StepProfiler
 from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
@@ -309,6 +310,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
             log.info("--init-from: weights of %s (step %s of that run); a new optimizer, schedule and step count",
                      init.prefix, init.step)
         optimizer = compile_model(model, config, make_schedule(config, model_config.d_model, clock.progress, total_steps))
+        dropout_switch = late_dropout_switch(model, config.train.dropout_from_epoch)
         checkpoints = RunCheckpoints(write_dir / CHECKPOINT_DIR, model, optimizer,
                                      max_to_keep=config.train.keep_checkpoints,
                                      read_directory=run_dir / CHECKPOINT_DIR, train_elapsed_s=clock.elapsed_s)
@@ -336,6 +338,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
             lambda: f"checkpoint {saver.save_now()} (--resume repeats this epoch's data)")
     callbacks = [
         DivergenceGuard(report),  # first: a NaN step is never backed up or checkpointed
+        *([LateDropout(dropout_switch, config.train.dropout_from_epoch)] if dropout_switch else []),
         *([backup] if backup else []),
         timer,
         *([profiler] if profiler else []),  # after the timer, which syncs the step
