@@ -1,12 +1,15 @@
 """`--dropout-from-epoch E`: a run trains epochs 1..E-1 without dropout, then with it."""
 
+import json
+
 import keras
 import pytest
 from conftest import run_config
 
 from transformer.base import cli
-from transformer.base.config import TrainConfig
+from transformer.base.config import RunConfig
 from transformer.base.errors import ConfigError
+from transformer.base.presets import preset
 from transformer.commands.train import parse_args
 from transformer.model.dropout import FastDropout
 from transformer.training.trainer import train
@@ -38,11 +41,32 @@ def test_dropout_is_off_before_the_epoch_and_on_from_it(bible_tokenizers, tmp_pa
 
 
 def test_from_epoch_1_attaches_nothing(bible_tokenizers, tmp_path):
-    """The default: the model's dropout from the first step, no switch in the graph."""
-    config = run_config(bible_tokenizers, tmp_path / "run", validation=False, epochs=1, steps_per_epoch=1)
-    assert config.train.dropout_from_epoch == TrainConfig.dropout_from_epoch == 1
+    """Dropout from the first step (the tutorial's recipe): no switch in the graph."""
+    config = run_config(bible_tokenizers, tmp_path / "run", validation=False, epochs=1, steps_per_epoch=1,
+                        dropout_from_epoch=1)
     model = train(config).model
     assert all(layer.dropout_switch is None for layer in model._flatten_layers() if isinstance(layer, FastDropout))
+
+
+def test_the_recipe_starts_dropout_late_and_the_tutorial_from_the_start():
+    assert RunConfig().train.dropout_from_epoch > 1
+    assert preset("tutorial").train.dropout_from_epoch == 1
+
+
+def test_an_older_run_config_loads_with_dropout_from_the_start(tmp_path):
+    """A config.json written before the field existed describes a run whose dropout ran from step 1."""
+    values = RunConfig().to_dict()
+    del values["train"]["dropout_from_epoch"]
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    assert RunConfig.load(tmp_path / "config.json").train.dropout_from_epoch == 1
+    RunConfig().replace(train={"dropout_from_epoch": 4}).save(tmp_path / "new.json")
+    assert RunConfig.load(tmp_path / "new.json").train.dropout_from_epoch == 4
+
+
+def test_resume_keeps_the_runs_epoch_and_refuses_a_contradicting_flag(tmp_path):
+    RunConfig().replace(train={"dropout_from_epoch": 2, "output_dir": str(tmp_path)}).save(tmp_path / "config.json")
+    with pytest.raises(ConfigError, match="dropout_from_epoch"):
+        cli.run_config_from_args(parse_args(["--resume", "--output", str(tmp_path), "--dropout-from-epoch", "5"]))
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])

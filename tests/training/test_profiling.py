@@ -52,7 +52,8 @@ def test_invalid_profile_steps_are_rejected(text, capsys):
 def test_profiled_run_breaks_device_time_down_by_category(bible_tokenizers, tmp_path):
     output = tmp_path / "run"
     config = run_config(bible_tokenizers, output, validation=False, epochs=1, steps_per_epoch=3,
-                        mixed_precision="bfloat16", profile_steps="2:3", bleu_sentences=0)
+                        mixed_precision="bfloat16", profile_steps="2:3", bleu_sentences=0,
+                        dropout_from_epoch=1)  # dropout in the profiled steps
     with tokenizers_reused(bible_tokenizers):
         train(config)
     assert keras.mixed_precision.global_policy().name == "float32"  # train() restores the caller's policy

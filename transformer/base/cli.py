@@ -259,7 +259,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--label-smoothing", type=float)
     group.add_argument("--dropout-from-epoch", type=int, metavar="E",
                        help="late dropout: train epochs 1..E-1 without any dropout (faster, and quicker to learn "
-                            "while far from overfitting), then with the model's rates (default 1: from the start)")
+                            "while far from overfitting), then with the model's rates; 1: from the start "
+                            f"(default {TrainConfig.dropout_from_epoch}; --preset tutorial: 1)")
     group.add_argument("--accumulate-steps", type=_accumulate_steps, metavar="N",
                        help="gradient accumulation: each optimizer update sums N micro-batches of --max-tokens "
                             "(or --batch-size): an N× larger batch in the memory of one; steps, the schedule and "

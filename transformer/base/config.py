@@ -216,8 +216,11 @@ class ModelConfig:
 FINE_TUNE_MODEL_FIELDS = ("dropout_rate", "attention_dropout", "activation_dropout")
 
 
-# TrainConfig fields a resumed run keeps from its config.json: the optimizer's state (its EMA shadows) depends on them.
-RUN_TRAIN_FIELDS = ("ema_decay", "ema_every")
+# TrainConfig fields a resumed run keeps from its config.json: the optimizer's state (its EMA shadows) depends on
+# them, and the epoch its dropout starts belongs to the run too.
+RUN_TRAIN_FIELDS = ("ema_decay", "ema_every", "dropout_from_epoch")
+# A run's config.json written before the field existed: its dropout ran from the first epoch.
+LEGACY_TRAIN_VALUES = {"dropout_from_epoch": 1}
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,8 @@ class TrainConfig:
     lr_batch_factor: Optional[float] = None
     label_smoothing: float = 0.1
     # late dropout: every dropout off before this epoch (1-based; 1 = from the start), on from it
-    dropout_from_epoch: int = 1
+    # (transformer/training/late_dropout.py; chosen by 30-minute runs, docs/recipes.md)
+    dropout_from_epoch: int = 3
     # gradient accumulation: each optimizer update sums the gradients of this many micro-batches of the
     # pipeline's size (the effective batch is N times larger, the memory that of one micro-batch);
     # steps, the schedule and step-time reports count updates (transformer/model/accumulation.py)
@@ -526,6 +530,8 @@ class RunConfig:
             raise FileNotFoundError(f"config file not found: {path}") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err})") from None
+        if isinstance(values, dict) and isinstance(values.get("train"), dict):  # a run's config.json: complete
+            values = {**values, "train": {**LEGACY_TRAIN_VALUES, **values["train"]}}
         return cls.from_dict(values, source=str(path))
 
 
