@@ -44,13 +44,13 @@ def test_a_switch_changes_neither_weights_nor_checkpoint_layout(tiny_model_confi
     config = tiny_model_config(dropout_rate=0.3)
     plain, switched = build(config), build(config)
     attach_dropout_switch(switched, DropoutSwitch(on=True))
+
     def paths(model):  # without the model's own (numbered) name
         return [w.path.split("/", 1)[1] for w in model.weights]
 
     assert paths(switched) == paths(plain)
-    paths = {}
-    for name, model in (("plain", plain), ("switched", switched)):
-        paths[name] = tf.train.Checkpoint(model=model).write(str(tmp_path / name / "ckpt"))
-    keys = {name: sorted(k for k, _ in tf.train.list_variables(path)) for name, path in paths.items()}
+    written = {name: tf.train.Checkpoint(model=model).write(str(tmp_path / name / "ckpt"))
+               for name, model in (("plain", plain), ("switched", switched))}
+    keys = {name: sorted(k for k, _ in tf.train.list_variables(path)) for name, path in written.items()}
     assert keys["switched"] == keys["plain"]
     assert not any("dropout_on" in key for key in keys["switched"])

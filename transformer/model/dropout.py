@@ -42,16 +42,22 @@ class DropoutSwitch:
         self.on.assign(on)
 
 
-def attach_dropout_switch(model: keras.layers.Layer, switch: DropoutSwitch) -> int:
-    """Gives `switch` to every `FastDropout` in `model` and to its attention layers' dropout;
-    returns the number of dropout sites that now follow it."""
-    sites = 0
+def dropout_sites(model: keras.layers.Layer) -> list[keras.layers.Dropout]:
+    """Every `FastDropout` in `model` and its attention layers' dropout, with a rate > 0 (the others never drop)."""
+    sites = []
     for layer in model._flatten_layers(include_self=True, recursive=True):
         dropout = layer if isinstance(layer, FastDropout) else getattr(layer, "_dropout_layer", None)
-        if isinstance(dropout, keras.layers.Dropout):
-            dropout.dropout_switch = switch
-            sites += 1
+        if isinstance(dropout, keras.layers.Dropout) and dropout.rate > 0:
+            sites.append(dropout)
     return sites
+
+
+def attach_dropout_switch(model: keras.layers.Layer, switch: DropoutSwitch) -> int:
+    """Gives `switch` to every dropout site of `model` (`dropout_sites`); returns how many now follow it."""
+    sites = dropout_sites(model)
+    for dropout in sites:
+        dropout.dropout_switch = switch
+    return len(sites)
 
 
 def fast_dropout(x: tf.Tensor, rate: float, seed_generator: keras.random.SeedGenerator,

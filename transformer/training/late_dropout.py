@@ -22,7 +22,7 @@ from typing import Optional
 
 import keras
 
-from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
+from transformer.model.dropout import DropoutSwitch, attach_dropout_switch, dropout_sites
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +30,7 @@ log = logging.getLogger(__name__)
 def late_dropout_switch(model: keras.Model, from_epoch: int) -> Optional[DropoutSwitch]:
     """A switch (off) attached to every dropout site of `model`, or None when dropout starts
     at epoch 1 or the model has no dropout site with a rate > 0 (nothing to switch)."""
-    if from_epoch <= 1:
-        return None
-    rates = [getattr(layer, "rate", 0.0) or 0.0 for layer in model._flatten_layers(include_self=False, recursive=True)
-             if isinstance(layer, keras.layers.Dropout)]
-    if not any(rate > 0 for rate in rates):
+    if from_epoch <= 1 or not dropout_sites(model):
         return None
     switch = DropoutSwitch(on=False)
     attach_dropout_switch(model, switch)
@@ -42,16 +38,11 @@ def late_dropout_switch(model: keras.Model, from_epoch: int) -> Optional[Dropout
 
 
 class LateDropout(keras.callbacks.Callback):
-    """Sets `switch` at each epoch's start: off before epoch `from_epoch` (1-based), on from it.
-
-    `epochs_on` lists the epochs (1-based) at whose start dropout was turned on (for tests
-    and the log).
-    """
+    """Sets `switch` at each epoch's start: off before epoch `from_epoch` (1-based), on from it."""
 
     def __init__(self, switch: DropoutSwitch, from_epoch: int):
         super().__init__()
         self.switch, self.from_epoch = switch, from_epoch
-        self.epochs_on: list[int] = []
         self._on: Optional[bool] = None
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -60,6 +51,4 @@ class LateDropout(keras.callbacks.Callback):
             self.switch.set(on)
             log.info("epoch %d: dropout %s (--dropout-from-epoch %d)", epoch + 1, "on" if on else "off",
                      self.from_epoch)
-            if on:
-                self.epochs_on.append(epoch + 1)
         self._on = on
