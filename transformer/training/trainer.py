@@ -79,6 +79,7 @@ from transformer.training.init_from import InitSource, open_init_source
 from transformer.training.late_dropout import LateDropout, late_dropout_switch
 from transformer.training.profiling import StepProfiler
 from transformer.training.progress import BudgetProgress, dynamic_display
+from transformer.training.recipe_advice import depth_advice
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
 from transformer.training.timing import BatchTimer
@@ -265,6 +266,9 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if init is not None:
         init.check_model(model_config)
         config = init.record(config)
+    advice = None if resuming or init is not None else depth_advice(config, decision)
+    if advice:
+        log.info("%s", advice)
     # --max-tokens auto. A GPU probe times steps without XLA: compiling each budget's shape would
     # cost ~40 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
     resolved, batch = resolve_batch(config.replace(train={"xla": False}), "tpu" if strategy_name == "tpu" else device,
