@@ -66,7 +66,7 @@ def test_two_micro_batches_give_the_update_of_the_whole_batch(tie):
     np.testing.assert_allclose(parts_loss, whole_loss, rtol=1e-6)
     # Adam's first moments are 0.1 × the gradient, its second 0.02 × its square: the gradients agree
     for a, b in zip(*(moments(whole_opt)[0], moments(parts_opt)[0])):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-9)
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7)  # float32 sums in another order (moments ~1e-2)
     for a, b in zip(*(moments(whole_opt)[1], moments(parts_opt)[1])):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-12)
     # and so do the weights, except where the gradient is round-off: the attention key biases' is zero in
@@ -105,7 +105,7 @@ def test_rows_not_divisible_fill_with_padding():
     whole = moments(trained_once(MODEL, 1, data)[1])[0]
     parts = moments(trained_once(MODEL, 2, data)[1])[0]
     for a, b in zip(whole, parts):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-9)
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-7)  # float32 sums in another order (moments ~1e-2)
 
 
 FLOAT16_ON_CPU = pytest.mark.skipif(
