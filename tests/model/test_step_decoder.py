@@ -174,3 +174,26 @@ def test_forbidden_ids_are_neg_inf_in_the_bias_and_never_generated(tie):
     generated += [row[:n] for rows, lengths in zip(beam.ids.numpy(), beam.lengths.numpy())
                   for row, n in zip(rows, lengths)]
     assert all(len(row) and PAD_ID not in row and START_ID not in row for row in generated)
+
+
+def test_a_step_reads_no_variable_and_stays_lean():
+    """Every weight is read once per batch (`start`); a step runs its kernels only. A step's
+    op count is its fixed cost on a CPU (each op a dispatch: ~12 µs on an AVX2 EPYC), so
+    extra ops per layer (a variable read, a transpose for one position) would fail here."""
+    config = dataclasses.replace(TINY_MODEL, head_width="paper")
+    model = build(config, seed=7)
+    decoder = StepDecoder(model)
+    src, _ = random_ids(config)
+    context, cache = decoder.start(*model.encode(src))
+    ids = tf.fill([src.shape[0]], 2)
+
+    @tf.function
+    def step(context, ids, cache):
+        return decoder.step(context, ids, tf.constant(0), cache)[0]
+
+    graph = step.get_concrete_function(context, ids, cache).graph
+    types = [op.type for op in graph.get_operations() if op.type not in ("Placeholder", "Const", "NoOp", "Identity")]
+    assert types.count("ReadVariableOp") == 1, types  # the target embedding's gather only
+    assert "Transpose" not in types and "StopGradient" not in types, types
+    per_layer = (len(types) - 10) / config.num_layers  # embedding, position, projection: ~10 ops
+    assert per_layer <= 62, (per_layer, sorted(types))  # 61 per post-norm layer at 193 ops for 3 layers

@@ -73,7 +73,7 @@ class ContinuousDecoder:
         self._dtype = self._decoder.dtype
         # Weights in the step's layout, once (StepDecoder.start on an empty batch computes them).
         context, _ = self._decoder.start(tf.zeros([0, 1, d_model], self._dtype), tf.zeros([0, 1], tf.bool))
-        self._weights, self._output = context["weights"], context["output"]
+        self._shared = {key: context[key] for key in ("weights", "output", "final_norm")}  # the same for every row
         kv = tf.TensorSpec([None, heads, None, key_dim], self._dtype)
         layers = [(kv, kv)] * len(model.decoder_layers)
         row = tf.TensorSpec([None], tf.int32)
@@ -94,7 +94,7 @@ class ContinuousDecoder:
         self._ended: list[tuple] = []  # (key, tokens, has_tokens) of rows ended and not yet returned
         rows = tf.zeros([0], tf.int32)
         empty = tf.zeros([0, self._decoder.heads, 0, self._decoder.key_dim], self._dtype)
-        layers = [(empty, empty) for _ in self._weights]
+        layers = [(empty, empty) for _ in self._shared["weights"]]
         # (ids [rows] next inputs, start [rows] first column, left [rows] tokens still allowed,
         #  self cache, cross keys/values (per layer [rows, heads, columns or S, key_dim]), bias [rows, 1, 1, S])
         self._state = (rows, rows, rows, layers, layers, tf.zeros([0, 1, 1, 0], tf.float32))
@@ -186,7 +186,7 @@ class ContinuousDecoder:
         columns = tf.shape(cache[0][0])[2]
         visible = tf.range(columns + 1)[tf.newaxis] >= start[:, tf.newaxis]  # [rows, columns + 1]
         self_bias = tf.where(visible, 0.0, NEG_INF)[:, tf.newaxis, tf.newaxis, :]  # [rows, 1, 1, columns + 1]
-        context = {"weights": self._weights, "output": self._output, "cross": cross, "bias": bias}
+        context = {**self._shared, "cross": cross, "bias": bias}
         positions = tf.where(left > 0, columns - start, 0)  # an ended row, still in the batch, may be past max_length
         logits, cache, _ = self._decoder.step(context, ids, positions, cache, self_bias=self_bias)
         next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)  # forbidden ids: NEG_INF in the projection's bias

@@ -22,6 +22,21 @@ import keras
 import tensorflow as tf
 
 
+def _normalized(x32: tf.Tensor, epsilon: float) -> tuple:
+    """(x̂ = (x - μ) · r, r = (σ² + ε)^-½) over the last axis of float32 `x32` (two-pass moments)."""
+    mean = tf.reduce_mean(x32, -1, keepdims=True)
+    centred = x32 - mean
+    inv = tf.math.rsqrt(tf.reduce_mean(tf.square(centred), -1, keepdims=True) + epsilon)
+    return centred * inv, inv
+
+
+def layer_norm_value(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float) -> tf.Tensor:
+    """`layer_norm`'s value, the same ops, without its gradient (no custom-gradient wrapper):
+    for inference steps, where every op counts. gamma, beta: float32 `[d]`; returns x's dtype."""
+    normed, _ = _normalized(tf.cast(x, tf.float32), epsilon)
+    return tf.cast(normed * gamma + beta, x.dtype)
+
+
 def layer_norm(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float) -> tf.Tensor:
     """Normalize `x [..., d]` (any float dtype) over its last axis in float32; returns x's dtype.
 
@@ -30,10 +45,7 @@ def layer_norm(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float) 
 
     @tf.custom_gradient
     def _norm(x32, gamma, beta):
-        mean = tf.reduce_mean(x32, -1, keepdims=True)
-        centred = x32 - mean
-        inv = tf.math.rsqrt(tf.reduce_mean(tf.square(centred), -1, keepdims=True) + epsilon)
-        normed = centred * inv
+        normed, inv = _normalized(x32, epsilon)
 
         def grad(dy):
             with tf.name_scope("layer_norm_grad"):  # else at the root scope: `--profile-steps` says "other"

@@ -14,8 +14,12 @@ cost more than the arithmetic:
     `filled` positions instead of rewriting a fixed `[batch, 2, max_length, …]` cache;
   - queries, keys and values of the new token come from one `[d_model, 3·heads·key_dim]`
     matmul on `[batch, d_model]` rows;
-  - cross-attention keys/values `[batch, heads, src_len, key_dim]` and the source-padding bias
-    are computed once in `start`; every projection is a plain 2-D matmul;
+  - cross-attention keys/values `[batch, heads, src_len, key_dim]`, the source-padding bias and
+    every weight in its step layout (the layer norms' gamma and beta too) are computed once in
+    `start`; every projection is a plain 2-D matmul; a new key or value joins its cache by a
+    reshape (`[B, N·H]` → `[B, N, 1, H]`, no transpose for one position); layer norms are the
+    model's own ops (`layer_norm_value`, 9 per norm), so a step reads no variable and runs
+    ~190 ops (float32, 3 layers) where it ran 259;
   - beam search (`group` hypotheses per source row) keeps them per source row, untiled: the
     group's queries attend together, `[group, key_dim] × [key_dim, src_len]` per head, so
     the keys/values are read once per sentence, not once per hypothesis;
@@ -40,6 +44,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from transformer.model.layer_norm import layer_norm_value
 from transformer.model.layers import NEG_INF
 
 
@@ -48,12 +53,15 @@ def _read(variable, dtype) -> tf.Tensor:
     return tf.cast(tf.convert_to_tensor(variable), dtype)
 
 
-def _norm(x, layer) -> tf.Tensor:
-    """The layer's LayerNorm (last axis) in float32, returned in x's dtype."""
-    x32 = tf.cast(x, tf.float32)
-    mean, variance = tf.nn.moments(x32, [-1], keepdims=True)
-    gamma, beta = tf.cast(layer.gamma, tf.float32), tf.cast(layer.beta, tf.float32)
-    return tf.cast(tf.nn.batch_normalization(x32, mean, variance, beta, gamma, layer.epsilon), x.dtype)
+def _norm_weights(layer) -> tuple:
+    """A LayerNorm's (gamma, beta) float32 `[d]` and epsilon, read once per batch (`start`)."""
+    return _read(layer.gamma, tf.float32), _read(layer.beta, tf.float32), float(layer.epsilon)
+
+
+def _norm(x, weights) -> tf.Tensor:
+    """LayerNorm (last axis) with `_norm_weights`, the model's own ops (`layer_norm_value`), in x's dtype."""
+    gamma, beta, epsilon = weights
+    return layer_norm_value(x, gamma, beta, epsilon)
 
 
 def _merge_slots(x) -> tf.Tensor:
@@ -105,10 +113,11 @@ class StepDecoder:
 
         Returns:
             (context, cache). context: dict with "weights" (per decoder layer, shared by every
-            row), "cross" (per layer (keys, values) `[batch, heads, src_len, key_dim]`) and
-            "bias" (float32 `[batch, 1, 1, src_len]`: 0 or NEG_INF); the rows' parts ("cross",
-            "bias") are what beam search tiles. cache: per layer (keys, values) `[batch,
-            heads, 0, key_dim]`.
+            row: matrices, biases and the layer norms' (gamma, beta, epsilon)), "output" (the
+            projection's matrix and bias), "final_norm" (the decoder's last norm or None),
+            "cross" (per layer (keys, values) `[batch, heads, src_len, key_dim]`) and "bias"
+            (float32 `[batch, 1, 1, src_len]`: 0 or NEG_INF); the rows' parts ("cross", "bias")
+            are what beam search tiles. cache: per layer (keys, values) `[batch, heads, 0, key_dim]`.
         """
         batch = tf.shape(memory)[0]
         weights = [self._layer_weights(layer) for layer in self.model.decoder_layers]
@@ -120,7 +129,9 @@ class StepDecoder:
             cross.append((keys, values))
         bias = tf.where(src_mask, 0.0, NEG_INF)[:, tf.newaxis, tf.newaxis, :]  # [B, 1, 1, S] float32
         empty = tf.zeros([batch, self.heads, 0, self.key_dim], self.dtype)
-        context = {"weights": weights, "cross": cross, "bias": bias, "output": self._output_weights()}
+        final_norm = self.model.decoder_norm
+        context = {"weights": weights, "cross": cross, "bias": bias, "output": self._output_weights(),
+                   "final_norm": None if final_norm is None else _norm_weights(final_norm)}
         return context, [(empty, empty) for _ in weights]
 
     def slot_cache(self, batch, group: int) -> list:
@@ -174,32 +185,31 @@ class StepDecoder:
             self_bias = _lineage_bias(lineage, group)  # [B, 1, G, G·(T+1)]
         for layer, w, (cross_k, cross_v), (keys, values) in zip(
                 self.model.decoder_layers, context["weights"], context["cross"], cache):
-            h = _norm(x, layer.self_attention_norm) if layer.pre_norm else x
+            h = _norm(x, w["self_norm"]) if layer.pre_norm else x
             query, key, value = tf.split(self._dense(h, w["qkv"], w["qkv_bias"]), 3, axis=-1)  # [B, N·H] each
             query = query * w["scale"]
             if lineage is None:
-                keys = tf.concat([keys, self._split_heads(key[:, tf.newaxis])], axis=2)  # [B, N, T+1, H]
-                values = tf.concat([values, self._split_heads(value[:, tf.newaxis])], axis=2)
+                keys = tf.concat([keys, self._new_position(key)], axis=2)  # [B, N, T+1, H]
+                values = tf.concat([values, self._new_position(value)], axis=2)
                 attended, _ = self._attend(query, keys, values, self_bias)
             else:
                 keys = tf.concat([keys, self._slot_heads(key, group)], axis=3)  # [B, N, G, T+1, H]
                 values = tf.concat([values, self._slot_heads(value, group)], axis=3)
                 attended, _ = self._attend_group(query, _merge_slots(keys), _merge_slots(values), self_bias, group)
-            x = self._residual(layer, layer.self_attention_norm, x, self._dense(attended, w["self_o"], w["self_o_bias"]))
-            h = _norm(x, layer.cross_attention_norm) if layer.pre_norm else x
+            x = self._residual(layer, w["self_norm"], x, self._dense(attended, w["self_o"], w["self_o_bias"]))
+            h = _norm(x, w["cross_norm"]) if layer.pre_norm else x
             query = self._dense(h, w["cross_q"], w["cross_q_bias"]) * w["scale"]
             if group == 1:
                 attended, scores = self._attend(query, cross_k, cross_v, context["bias"])
             else:
                 attended, scores = self._attend_group(query, cross_k, cross_v, context["bias"], group)
-            x = self._residual(layer, layer.cross_attention_norm, x,
-                               self._dense(attended, w["cross_o"], w["cross_o_bias"]))
-            h = _norm(x, layer.ffn_norm) if layer.pre_norm else x
+            x = self._residual(layer, w["cross_norm"], x, self._dense(attended, w["cross_o"], w["cross_o_bias"]))
+            h = _norm(x, w["ffn_norm"]) if layer.pre_norm else x
             inner = tf.nn.relu(self._dense(h, w["ffn_inner"], w["ffn_inner_bias"]))
-            x = self._residual(layer, layer.ffn_norm, x, self._dense(inner, w["ffn_outer"], w["ffn_outer_bias"]))
+            x = self._residual(layer, w["ffn_norm"], x, self._dense(inner, w["ffn_outer"], w["ffn_outer_bias"]))
             new_cache.append((keys, values))
-        if self.model.decoder_norm is not None:
-            x = _norm(x, self.model.decoder_norm)
+        if context["final_norm"] is not None:
+            x = _norm(x, context["final_norm"])
         matrix, bias = context["output"]
         logits = tf.cast(tf.matmul(tf.cast(x, matrix.dtype), matrix), tf.float32) + bias  # [B, V] float32
         return logits, new_cache, scores[:, :, 0, :]
@@ -209,6 +219,10 @@ class StepDecoder:
         """`[B, T, N·H]` → `[B, N, T, H]`."""
         shape = tf.shape(x)
         return tf.transpose(tf.reshape(x, [shape[0], shape[1], self.heads, self.key_dim]), [0, 2, 1, 3])
+
+    def _new_position(self, x):
+        """`[B, N·H]` → `[B, N, 1, H]`: one new position, heads first (a reshape: no transpose for one position)."""
+        return tf.reshape(x, [-1, self.heads, 1, self.key_dim])
 
     def _slot_heads(self, x, group: int):
         """`[B·G, N·H]` → `[B, N, G, 1, H]`: one new position per slot, heads first."""
@@ -241,8 +255,8 @@ class StepDecoder:
         return attended, tf.reshape(scores, [-1, self.heads, 1, tf.shape(scores)[-1]])
 
     @staticmethod
-    def _residual(layer, norm, x, update):
-        return x + update if layer.pre_norm else _norm(x + update, norm)
+    def _residual(layer, norm_weights, x, update):
+        return x + update if layer.pre_norm else _norm(x + update, norm_weights)
 
     def _layer_weights(self, layer) -> dict:
         """A decoder layer's variables as 2-D matrices in the compute dtype, and the query scale."""
@@ -273,6 +287,9 @@ class StepDecoder:
             "cross_o": kernel(cross._output_dense, width), "cross_o_bias": bias(cross._output_dense, d),
             "ffn_inner": kernel(layer.ffn.inner, d), "ffn_inner_bias": bias(layer.ffn.inner, layer.dff),
             "ffn_outer": kernel(layer.ffn.outer, layer.dff), "ffn_outer_bias": bias(layer.ffn.outer, d),
+            "self_norm": _norm_weights(layer.self_attention_norm),
+            "cross_norm": _norm_weights(layer.cross_attention_norm),
+            "ffn_norm": _norm_weights(layer.ffn_norm),
         }
 
     def _output_weights(self):
