@@ -98,3 +98,35 @@ def test_command_line_runs_this_checkouts_command(tmp_path):
     assert "step-time reports" in result.stdout
     with pytest.raises(ValueError, match="unknown command"):
         cli.command_line("nope")
+
+
+ONEDNN_CHILD = """
+import importlib, json, sys
+from transformer.base import cli
+
+cli.check_versions = lambda *args, **kwargs: None
+results = {}
+for name, argv in json.loads(sys.argv[1]).items():
+    module = importlib.import_module(f"transformer.commands.{name}")
+
+    def record(choice, name=name):
+        results[name] = {"choice": choice, "tf_loaded": "tensorflow" in sys.modules}
+        raise SystemExit(99)
+
+    module.configure_onednn = record
+    try:
+        module.main(argv + ["--onednn", "off"])
+    except SystemExit:
+        pass
+print(json.dumps(results))
+"""
+DECODING_COMMANDS = ("translate", "evaluate", "serve", "benchmark_decoding", "benchmark_serving")
+
+
+def test_decoding_commands_set_onednn_before_tensorflow_loads():
+    argv = {name: ARGV[name] for name in DECODING_COMMANDS}
+    result = subprocess.run([sys.executable, "-c", ONEDNN_CHILD, json.dumps(argv)], capture_output=True, text=True,
+                            timeout=120, env=cli.subprocess_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    assert results == {name: {"choice": "off", "tf_loaded": False} for name in DECODING_COMMANDS}

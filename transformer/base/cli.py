@@ -40,6 +40,7 @@ from transformer.base.constants import (
     LAYER_NORMS,
     LR_SCALINGS,
     LR_SCHEDULES,
+    ONEDNN_CHOICES,
     PIPELINE_KINDS,
     PRECISIONS,
     STRATEGIES,
@@ -500,6 +501,9 @@ def add_thread_args(parser) -> None:
     group.add_argument("--inter-op-threads", type=int, metavar="N",
                        help="TensorFlow ops run at once (default: one per decoding stream, at least one per core; "
                             "0 = TensorFlow's default)")
+    group.add_argument("--onednn", choices=ONEDNN_CHOICES, default=ONEDNN_CHOICES[0],
+                       help="TensorFlow's oneDNN ops: default (TensorFlow decides: on with AVX-512 BF16/VNNI or AMX), "
+                            "on or off; set before TensorFlow starts (docs/speed.md, \"oneDNN's ops\")")
 
 
 def check_thread_args(args) -> None:

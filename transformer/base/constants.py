@@ -28,6 +28,7 @@ PIPELINE_KINDS = ("optimized", "naive")  # --pipeline
 TOKENIZER_ALGORITHMS = ("wordpiece", "sentencepiece")  # --tokenizer (transformer/data/tokenizer.py)
 LENGTH_GRIDS = ("auto", "width", "geometric")  # --length-buckets (or explicit lengths; transformer/data/pipeline.py)
 XLA_CACHE_MODES = ("auto", "off")  # --xla-cache (or a directory; transformer/runtime/xla_cache.py)
+ONEDNN_CHOICES = ("default", "on", "off")  # --onednn of the decoding commands (transformer/runtime/onednn.py)
 HEAD_WIDTHS = ("tutorial", "paper")  # --head-width
 TIE_EMBEDDINGS = ("none", "output", "all")  # --tie-embeddings (transformer/model/tied.py)
 LAYER_NORMS = ("post", "pre")  # --layer-norm

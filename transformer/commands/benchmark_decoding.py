@@ -35,6 +35,7 @@ from transformer.base import cli
 from transformer.base.config import DecodeConfig
 from transformer.base.constants import SHARED_CORPUS_DIR
 from transformer.base.errors import ConfigError, command
+from transformer.runtime.onednn import configure_onednn
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
 OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "export-bf16-xla", "export-beam4",
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.check_thread_args(args)
     cli.start()
+    configure_onednn(args.onednn)  # before TensorFlow loads
     if sum(map(bool, (args.compare, args.profile, args.streams_probe))) > 1:
         raise ConfigError("--compare, --profile and --streams-probe: choose one")
     for flag in ("streams", "ct2_inter_threads", "ct2_beam_sizes", "chunk_sizes"):
@@ -162,10 +164,12 @@ def _configure_threads(args):
 def _provenance(args, argv, tf, started: float) -> dict:
     """What every decoding report records: the run, data, command, machine, TensorFlow's thread
     pools and wall time since `started`."""
+    from transformer.runtime.onednn import onednn_state
     from transformer.runtime.threads import current_threads
 
     return {
         "threads": current_threads().to_dict(),
+        "onednn": onednn_state(),
         "run": str(Path(args.run).resolve()),
         "data": f"{args.data} ({args.split})",
         "command": "python scripts/benchmark_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -334,7 +338,7 @@ def _compare(args, argv) -> int:
     print(report["table"])
     machine = report["machine"]
     print(f"{machine['cpu']} ({', '.join(machine['bf16_instructions']) or 'no BF16 instructions'}), "
-          f"load average {machine['load_average']}")
+          f"TensorFlow's oneDNN ops {'on' if report['onednn']['enabled'] else 'off'}, load average {machine['load_average']}")
     print(f"report: {output}")
     return 0
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from transformer.base import atomic, cli
 from transformer.base.constants import SHARED_CORPUS_DIR
 from transformer.base.errors import ConfigError, MissingFileError, command
+from transformer.runtime.onednn import configure_onednn
 
 
 @command
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
     if args.max_wait_ms < 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     cli.start()
+    configure_onednn(args.onednn)  # before TensorFlow loads
     sentences = _sentences(args.sentences)
 
     from transformer.measure.environment import capture_environment

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from transformer.base import cli
 from transformer.base.errors import command
+from transformer.runtime.onednn import configure_onednn, onednn_state
 
 
 @command
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
     cli.check_thread_args(args)
     config = cli.decode_config_from_args(args)
     cli.start()
+    configure_onednn(args.onednn)  # before TensorFlow loads
 
     from transformer.data.corpora import load_split
     from transformer.inference.evaluation import evaluate, save_report
@@ -58,6 +60,7 @@ def main(argv=None) -> int:
         "decode": getattr(translator, "config", None) and translator.config.to_dict(),
         "exported_decode": getattr(translator, "manifest", {}).get("decode"),
         "threads": threads.to_dict(),
+        "onednn": onednn_state(),
         "command": " ".join(sys.argv),
     }
     report = evaluate(translator.translate_with_lengths, sources, references, repeats=args.repeats,

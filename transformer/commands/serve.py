@@ -17,6 +17,7 @@ import sys
 
 from transformer.base import cli
 from transformer.base.errors import ConfigError, command
+from transformer.runtime.onednn import configure_onednn
 
 POSITIVE = {"max_batch": "--max-batch", "max_queue": "--max-queue", "max_texts": "--max-texts",
             "max_chars": "--max-chars", "max_body_bytes": "--max-body-bytes", "timeout": "--timeout",
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--max-texts ({args.max_texts}) must be <= --max-queue ({args.max_queue}): "
                           "a request that large could never be queued")
     cli.start()
+    configure_onednn(args.onednn)  # before TensorFlow loads
 
     from transformer.serving.app import ServeLimits
     from transformer.serving.server import BatchingConfig, bind, load_for_serving, serve

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from transformer.base import atomic, cli
 from transformer.base.errors import ConfigError, MissingFileError, command
+from transformer.runtime.onednn import configure_onednn
 
 
 def open_input(args, stack: contextlib.ExitStack):
@@ -62,6 +63,7 @@ def main(argv=None) -> int:
     cli.check_thread_args(args)
     config = cli.decode_config_from_args(args)
     cli.start()
+    configure_onednn(args.onednn)  # before TensorFlow loads
 
     from tqdm import tqdm
 

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 import psutil
 
+from transformer.runtime.onednn import onednn_state
 from transformer.runtime.precision import cpu_facts
 
 
@@ -54,6 +55,7 @@ def capture_environment() -> dict:
         "numpy": np.__version__,
         "device": device,
         "gpu_count": len(gpus),
+        "onednn": onednn_state(),  # TensorFlow's oneDNN ops on/off, and what asked for it
         "cuda_build": build.get("cuda_version"),
         "cudnn_build": build.get("cudnn_version"),
         "cpu_model": cpu_facts()[0],
