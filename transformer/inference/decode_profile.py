@@ -46,7 +46,8 @@ from transformer.model.step_decoder import StepDecoder
 def _checksum(outputs) -> tf.Tensor:
     """A float32 scalar that depends on every output tensor: fetching it forces the computation
     without copying large outputs (the caches) to the host, which would be timed too."""
-    return tf.add_n([tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32)) for t in tf.nest.flatten(outputs)])
+    return tf.add_n([tf.reduce_sum(tf.cast(tf.reshape(t, [-1])[:1], tf.float32)) for t in tf.nest.flatten(outputs)
+                     if t is not None])  # None: e.g. a context without a final norm
 
 
 def _timed(fn: Callable) -> Callable:
