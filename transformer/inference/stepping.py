@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig, ModelConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
-from transformer.inference.decoding import DEFAULT_FORBIDDEN_IDS
+from transformer.inference.decoding import DEFAULT_FORBIDDEN_IDS, ROW_CONTEXT
 from transformer.inference.rundir import build_model, cast_model
 from transformer.inference.translator import SENTENCES_SPEC, Translator, as_string_batch
 from transformer.model.layers import NEG_INF
@@ -73,7 +73,7 @@ class ContinuousDecoder:
         self._dtype = self._decoder.dtype
         # Weights in the step's layout, once (StepDecoder.start on an empty batch computes them).
         context, _ = self._decoder.start(tf.zeros([0, 1, d_model], self._dtype), tf.zeros([0, 1], tf.bool))
-        self._shared = {key: context[key] for key in ("weights", "output", "final_norm")}  # the same for every row
+        self._shared = {key: value for key, value in context.items() if key not in ROW_CONTEXT}  # every row's
         kv = tf.TensorSpec([None, heads, None, key_dim], self._dtype)
         layers = [(kv, kv)] * len(model.decoder_layers)
         row = tf.TensorSpec([None], tf.int32)
