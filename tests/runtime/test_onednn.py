@@ -57,3 +57,12 @@ def test_after_tensorflow_started_nothing_changes_and_a_warning_says_so(monkeypa
 def test_unknown_choice_is_refused():
     with pytest.raises(ValueError, match="default, on, off"):
         onednn.configure_onednn("auto")
+
+
+def test_asking_for_what_already_runs_is_no_warning(monkeypatch, caplog):
+    import tensorflow  # noqa: F401
+
+    monkeypatch.delenv(onednn.ENV_VAR, raising=False)  # TensorFlow decided alone: no variable to compare
+    with caplog.at_level(logging.WARNING, logger=onednn.__name__):
+        onednn.configure_onednn("on" if onednn.onednn_enabled() else "off")
+    assert "not applied" not in caplog.text

@@ -38,6 +38,7 @@ from transformer.base.errors import ConfigError, command
 from transformer.runtime.onednn import configure_onednn
 
 DEFAULT_DATA = SHARED_CORPUS_DIR
+ONEDNN_STATE = {True: "on", False: "off", None: "unknown"}  # runtime.onednn.onednn_enabled()
 OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "export-bf16-xla", "export-beam4",
         "export-bf16-beam4")
 
@@ -338,7 +339,7 @@ def _compare(args, argv) -> int:
     print(report["table"])
     machine = report["machine"]
     print(f"{machine['cpu']} ({', '.join(machine['bf16_instructions']) or 'no BF16 instructions'}), "
-          f"TensorFlow's oneDNN ops {'on' if report['onednn']['enabled'] else 'off'}, load average {machine['load_average']}")
+          f"TensorFlow's oneDNN ops {ONEDNN_STATE[report['onednn']['enabled']]}, load average {machine['load_average']}")
     print(f"report: {output}")
     return 0
 

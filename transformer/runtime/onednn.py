@@ -60,7 +60,7 @@ def configure_onednn(choice: str = "default") -> str | None:
         return os.environ.get(ENV_VAR)
     value = "1" if choice == "on" else "0"
     if "tensorflow" in sys.modules:
-        if os.environ.get(ENV_VAR) != value:
+        if onednn_enabled() != (choice == "on"):  # what runs, not the variable (TensorFlow may have decided alone)
             log.warning("--onednn %s not applied: TensorFlow is already loaded in this process "
                         "(set %s=%s before it starts)", choice, ENV_VAR, value)
         return os.environ.get(ENV_VAR)
