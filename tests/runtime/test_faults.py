@@ -182,7 +182,7 @@ def test_sigterm_end_to_end_then_resume(bible_tokenizers, tmp_path):
             "--epochs", "1", "--steps-per-epoch", "300", "--validation-steps", "1", "--backup-every-steps", "2",
             "--device", "cpu", "--mixed-precision", "off", "--no-xla", "--no-probe-peak", "--verbose", "0",
             "--output", str(output)]
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", errors.DEBUG_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", errors.DEBUG_ENV, "TF_CPU_ALLOCATOR_USE_BFC")}
     process = subprocess.Popen([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *argv],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**env, "PYTHONPATH": str(REPO_ROOT)})
@@ -196,6 +196,7 @@ def test_sigterm_end_to_end_then_resume(bible_tokenizers, tmp_path):
     assert "error: interrupted by SIGTERM at step" in stderr and "saved backup" in stderr
     report = json.loads((output / "report.json").read_text())
     assert report["state"] == "interrupted"
+    assert report["environment"]["cpu_allocator"]["running"] == "bfc"  # scripts/train.py asked for it before TF started
     stopped_at = report["steps_done"]
     assert 0 < stopped_at < 300
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from transformer.base import atomic, cli
+from transformer.base.allocator import use_caching_allocator
 from transformer.base.constants import PRECISIONS
 from transformer.base.errors import command
 
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     if min(args.every) < 1 or args.steps < 1 or args.rounds < 2 or not 0 < args.decay < 1:
         parser.error("--every values and --steps must be >= 1, --rounds >= 2 (the first is warm-up), --decay in (0, 1)")
     cli.start()
+    use_caching_allocator()  # as scripts/train.py: the training steps it times run on it
 
     import keras
     import numpy as np

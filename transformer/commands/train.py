@@ -15,6 +15,7 @@ import json
 import sys
 
 from transformer.base import cli
+from transformer.base.allocator import use_caching_allocator
 from transformer.base.errors import command
 
 
@@ -32,6 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     cli.start()
+    use_caching_allocator()  # before TensorFlow starts: its caching CPU allocator, unless the user chose
     config = cli.run_config_from_args(args)
     print("effective config:\n" + json.dumps(config.to_dict(), indent=2))
 

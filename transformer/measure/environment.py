@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 import psutil
 
+from transformer.base.allocator import allocator_state
 from transformer.runtime.onednn import onednn_state
 from transformer.runtime.precision import cpu_facts
 
@@ -36,6 +37,18 @@ def _nvidia_smi() -> Optional[str]:
     return done.stdout or done.stderr
 
 
+def _running_cpu_allocator(tf) -> str:
+    """The allocator of this process's CPU device: "bfc" (the caching one keeps statistics), "malloc",
+    or "unknown" where TensorFlow cannot say."""
+    try:
+        tf.config.experimental.get_memory_info("CPU:0")
+    except ValueError:  # "Allocator stats not available": TensorFlow's default CPU allocator
+        return "malloc"
+    except Exception:  # noqa: BLE001 - a report must not fail on a TensorFlow that lacks the call
+        return "unknown"
+    return "bfc"
+
+
 def capture_environment() -> dict:
     """Versions, device, CPU and host of this process (JSON-ready)."""
     import keras
@@ -56,6 +69,7 @@ def capture_environment() -> dict:
         "device": device,
         "gpu_count": len(gpus),
         "onednn": onednn_state(),  # TensorFlow's oneDNN ops on/off, and what asked for it
+        "cpu_allocator": {**allocator_state(), "running": _running_cpu_allocator(tf)},
         "cuda_build": build.get("cuda_version"),
         "cudnn_build": build.get("cudnn_version"),
         "cpu_model": cpu_facts()[0],

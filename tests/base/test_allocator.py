@@ -1,0 +1,66 @@
+"""TensorFlow's caching CPU allocator: asked for by the training commands before TensorFlow starts, a user's choice kept."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from transformer.base import allocator
+
+# A training command's start, then TensorFlow: which allocator did its CPU device get? Only the
+# BFC allocator keeps statistics (`get_memory_info` raises for malloc).
+PROCESS = """
+import json
+from transformer.base import cli
+from transformer.base.allocator import allocator_state, use_caching_allocator
+cli.start()
+use_caching_allocator()
+import tensorflow as tf
+x = tf.ones([256, 256]) * 2.0
+try:
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+except ValueError:
+    peak = None
+print(json.dumps({"peak": peak, "state": allocator_state()}))
+"""
+
+
+def _in_new_process(env_value: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (allocator.USE_BFC_VAR, allocator.LIMIT_VAR)}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if env_value is not None:
+        env[allocator.USE_BFC_VAR] = env_value
+    out = subprocess.run([sys.executable, "-c", PROCESS], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_training_runs_tensorflow_on_the_caching_allocator():
+    result = _in_new_process(None)
+    assert result["peak"] is not None and result["peak"] >= 256 * 256 * 4  # the BFC allocator counted the tensor
+    assert result["state"]["allocator"] == "bfc" and result["state"]["env"] == "true"
+    assert result["state"]["limit_mb"] == allocator.physical_memory_mb()
+
+
+def test_a_users_false_keeps_malloc():
+    result = _in_new_process("false")
+    assert result["peak"] is None  # malloc keeps no statistics
+    assert result["state"] == {"allocator": "malloc", "env": "false", "limit_mb": None}
+
+
+@pytest.mark.parametrize("given, expected", [(None, True), ("true", True), ("1", True), ("TRUE", True),
+                                             ("false", False), ("0", False)])
+def test_the_variable_is_read_as_tensorflow_reads_it(given, expected):
+    environ = {} if given is None else {allocator.USE_BFC_VAR: given}
+    assert allocator.use_caching_allocator(environ) is expected
+    assert (allocator.LIMIT_VAR in environ) is (expected and allocator.physical_memory_mb() is not None)
+    assert allocator.allocator_state(environ)["allocator"] == ("bfc" if expected else "malloc")
+
+
+def test_a_users_limit_is_kept():
+    environ = {allocator.LIMIT_VAR: "512"}
+    assert allocator.use_caching_allocator(environ)
+    assert environ[allocator.LIMIT_VAR] == "512"
+    assert allocator.allocator_state(environ) == {"allocator": "bfc", "env": "true", "limit_mb": 512}
