@@ -81,6 +81,28 @@ def test_capture_environment_names_versions_and_device():
     assert "nvidia_smi" in env
 
 
+def test_capture_environment_before_the_first_op_leaves_tensorflow_unstarted():
+    """A report is made before a multi-worker strategy, which must configure TensorFlow's devices
+    itself: capturing the environment (the CPU allocator included) must not create them."""
+    import os
+    import subprocess
+    import sys
+
+    program = ("import json, tensorflow as tf\n"
+               "from tensorflow.python.eager import context\n"
+               "from transformer.measure.environment import capture_environment\n"
+               "env = capture_environment()\n"
+               "started = context.context()._initialized\n"
+               "tf.constant(1.0) + 1.0\n"
+               "print(json.dumps([started, env['cpu_allocator'], capture_environment()['cpu_allocator']]))\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CPU_ALLOCATOR_USE_BFC": "true"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    started, before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert started is False
+    assert before["running"] == after["running"] == "bfc"  # predicted from the variable, then asked of TensorFlow
+
+
 def test_write_round_trips_json_and_step_csv(tmp_path):
     path = tmp_path / "run" / "report.json"
     report = report_with_steps(path)

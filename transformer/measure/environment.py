@@ -39,7 +39,13 @@ def _nvidia_smi() -> Optional[str]:
 
 def _running_cpu_allocator(tf) -> str:
     """The allocator of this process's CPU device: "bfc" (the caching one keeps statistics), "malloc",
-    or "unknown" where TensorFlow cannot say."""
+    or "unknown" where TensorFlow cannot say. Before TensorFlow has created its devices (a report
+    made before the first op), the one the variable will give it: asking would create them, and a
+    multi-worker strategy must be configured before that."""
+    from tensorflow.python.eager import context  # no public "devices created yet?" check
+
+    if not getattr(context.context(), "_initialized", False):
+        return allocator_state()["allocator"]
     try:
         tf.config.experimental.get_memory_info("CPU:0")
     except ValueError:  # "Allocator stats not available": TensorFlow's default CPU allocator
