@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from transformer.base import errors
+from transformer.base import allocator, errors
 from transformer.base.config import ModelConfig, PipelineConfig, RunConfig, TrainConfig
 from transformer.inference.rundir import CHECKPOINT_DIR, build_model
 from transformer.runtime.faults import DiskFullError, TrainingDiverged
@@ -182,7 +182,7 @@ def test_sigterm_end_to_end_then_resume(bible_tokenizers, tmp_path):
             "--epochs", "1", "--steps-per-epoch", "300", "--validation-steps", "1", "--backup-every-steps", "2",
             "--device", "cpu", "--mixed-precision", "off", "--no-xla", "--no-probe-peak", "--verbose", "0",
             "--output", str(output)]
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", errors.DEBUG_ENV, "TF_CPU_ALLOCATOR_USE_BFC")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", errors.DEBUG_ENV, allocator.USE_BFC_VAR)}
     process = subprocess.Popen([sys.executable, str(REPO_ROOT / "scripts" / "train.py"), *argv],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**env, "PYTHONPATH": str(REPO_ROOT)})

@@ -38,6 +38,11 @@ LIMIT_VAR = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 TRUE_VALUES = ("1", "true")  # what TensorFlow's ReadBoolFromEnvVar reads as true (lower-cased)
 
 
+def _reads_true(value: str | None) -> bool:
+    """Whether TensorFlow reads the variable's value as true (unset: false, its default)."""
+    return value is not None and value.strip().lower() in TRUE_VALUES
+
+
 def physical_memory_mb() -> int | None:
     """The machine's physical memory in MiB, or None where the OS does not say."""
     try:
@@ -56,8 +61,7 @@ def use_caching_allocator(environ=None) -> bool:
         Whether the BFC allocator is asked for (False where the user set the variable to false).
     """
     environ = os.environ if environ is None else environ
-    environ.setdefault(USE_BFC_VAR, "true")
-    use_bfc = environ[USE_BFC_VAR].strip().lower() in TRUE_VALUES
+    use_bfc = _reads_true(environ.setdefault(USE_BFC_VAR, "true"))
     memory = physical_memory_mb()
     if use_bfc and memory:
         environ.setdefault(LIMIT_VAR, str(memory))
@@ -68,7 +72,7 @@ def allocator_state(environ=None) -> dict:
     """For reports: {"allocator": "bfc" or "malloc", "env": the variable or None, "limit_mb": the BFC cap or None}."""
     environ = os.environ if environ is None else environ
     value = environ.get(USE_BFC_VAR)
-    use_bfc = value is not None and value.strip().lower() in TRUE_VALUES
+    use_bfc = _reads_true(value)
     limit = environ.get(LIMIT_VAR)
     return {"allocator": "bfc" if use_bfc else "malloc", "env": value,
             "limit_mb": int(limit) if use_bfc and limit and limit.isdigit() else None}

@@ -37,15 +37,15 @@ def _nvidia_smi() -> Optional[str]:
     return done.stdout or done.stderr
 
 
-def _running_cpu_allocator(tf) -> str:
+def _running_cpu_allocator(tf, predicted: str) -> str:
     """The allocator of this process's CPU device: "bfc" (the caching one keeps statistics), "malloc",
     or "unknown" where TensorFlow cannot say. Before TensorFlow has created its devices (a report
-    made before the first op), the one the variable will give it: asking would create them, and a
-    multi-worker strategy must be configured before that."""
+    made before the first op), `predicted`, the one the variable will give it (`allocator_state`):
+    asking would create them, and a multi-worker strategy must be configured before that."""
     from tensorflow.python.eager import context  # no public "devices created yet?" check
 
     if not getattr(context.context(), "_initialized", False):
-        return allocator_state()["allocator"]
+        return predicted
     try:
         tf.config.experimental.get_memory_info("CPU:0")
     except ValueError:  # "Allocator stats not available": TensorFlow's default CPU allocator
@@ -66,6 +66,7 @@ def capture_environment() -> dict:
         details = tf.config.experimental.get_device_details(gpus[0])
         device = details.get("device_name", gpus[0].name)
     build = tf.sysconfig.get_build_info()
+    allocator = allocator_state()
     return {
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
@@ -75,7 +76,7 @@ def capture_environment() -> dict:
         "device": device,
         "gpu_count": len(gpus),
         "onednn": onednn_state(),  # TensorFlow's oneDNN ops on/off, and what asked for it
-        "cpu_allocator": {**allocator_state(), "running": _running_cpu_allocator(tf)},
+        "cpu_allocator": {**allocator, "running": _running_cpu_allocator(tf, allocator["allocator"])},
         "cuda_build": build.get("cuda_version"),
         "cudnn_build": build.get("cudnn_version"),
         "cpu_model": cpu_facts()[0],
