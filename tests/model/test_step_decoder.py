@@ -11,7 +11,7 @@ import tensorflow as tf
 from helpers_model import TINY_MODEL, build, random_ids
 
 from transformer.base.constants import PAD_ID
-from transformer.model.step_decoder import StepDecoder
+from transformer.model.step_decoder import ALIASING_PAD, ALIASING_WIDTH, StepDecoder
 from transformer.model.transformer import Transformer
 
 
@@ -45,6 +45,23 @@ def test_step_logits_equal_the_full_pass(changes):
     assert logits.dtype == np.float32
     np.testing.assert_allclose(logits[real], full.numpy()[real], atol=1e-5, rtol=0)
     np.testing.assert_allclose(scores[real], np.transpose(full_scores.numpy(), [0, 2, 1, 3])[real], atol=1e-6, rtol=0)
+
+
+def test_weights_padded_off_the_aliasing_width_give_the_full_pass():
+    """Query/key/value and FFN inner widths that are multiples of `ALIASING_WIDTH` get zero
+    columns in the step (a float32 speed fix); the logits are still the full pass's."""
+    config = dataclasses.replace(TINY_MODEL, d_model=ALIASING_WIDTH, num_heads=2, dff=ALIASING_WIDTH,
+                                 head_width="paper")
+    model = build(config, seed=9)
+    src, tgt = random_ids(config)
+    context, _ = StepDecoder(model).start(*model.encode(src))
+    weights = context["weights"][0]
+    assert weights["qkv"].shape == (ALIASING_WIDTH, 3 * ALIASING_WIDTH + ALIASING_PAD)
+    assert weights["ffn_inner"].shape == (ALIASING_WIDTH, ALIASING_WIDTH + ALIASING_PAD)
+    full = model.decode(tf.constant(tgt), *model.encode(src))[0].numpy()
+    logits, _ = step_logits(model, src, tgt)
+    real = tgt != PAD_ID
+    np.testing.assert_allclose(logits[real], full[real], atol=1e-5, rtol=0)
 
 
 def test_bfloat16_step_stays_close_and_returns_float32_logits():

@@ -13,7 +13,9 @@ cost more than the arithmetic:
     step attends over the filled positions only, needs no causal mask, and copies
     `filled` positions instead of rewriting a fixed `[batch, 2, max_length, …]` cache;
   - queries, keys and values of the new token come from one `[d_model, 3·heads·key_dim]`
-    matmul on `[batch, d_model]` rows;
+    matmul on `[batch, d_model]` rows; that weight and the FFN's inner one get 16 zero
+    columns when their float32 width is a multiple of 512 (`padded_width`), whose outputs
+    are dropped;
   - cross-attention keys/values `[batch, heads, src_len, key_dim]`, the source-padding bias and
     every weight in its step layout (the layer norms' gamma and beta too) are computed once in
     `start`; every projection is a plain 2-D matmul; a new key or value joins its cache by a
@@ -46,6 +48,29 @@ import tensorflow as tf
 
 from transformer.model.layer_norm import layer_norm_value
 from transformer.model.layers import NEG_INF
+
+# A float32 matmul whose weight is `[k, n]` with n a multiple of 512 (rows 2 KiB apart) ran
+# 1.2-2.1x slower than with 16 more columns, at every row count of a step (AMD EPYC Zen 3; the
+# weight's rows alias in the cache; docs/speed.md, "Matrix shapes"): the step gives such
+# weights `ALIASING_PAD` zero columns and drops the extra outputs (a free split, or a slice).
+ALIASING_WIDTH = 512
+ALIASING_PAD = 16
+
+
+def padded_width(width: int, dtype) -> int:
+    """Columns for a step weight of `width` outputs: `width` + `ALIASING_PAD` when float32 and a
+    multiple of `ALIASING_WIDTH`, else `width` (bfloat16 kernels were not measured)."""
+    if tf.as_dtype(dtype) == tf.float32 and width % ALIASING_WIDTH == 0:
+        return width + ALIASING_PAD
+    return width
+
+
+def _pad_columns(matrix, bias, width: int):
+    """`[k, n]` matrix and `[n]` bias with zero columns up to `width` (the extra outputs are 0)."""
+    extra = width - matrix.shape[-1]
+    if extra == 0:
+        return matrix, bias
+    return tf.pad(matrix, [[0, 0], [0, extra]]), tf.pad(bias, [[0, extra]])
 
 
 def _read(variable, dtype) -> tf.Tensor:
@@ -102,6 +127,9 @@ class StepDecoder:
         self.dtype = tf.as_dtype(model.compute_dtype)
         self.projection_dtype = tf.as_dtype(projection_dtype)
         self.forbidden_ids = tuple(int(i) for i in forbidden_ids)
+        width = self.heads * self.key_dim
+        padding = padded_width(3 * width, self.dtype) - 3 * width
+        self._qkv_split = [width] * 3 + ([padding] if padding else [])
 
     # ---- per batch ---------------------------------------------------------------------
     def start(self, memory, src_mask):
@@ -186,7 +214,8 @@ class StepDecoder:
         for layer, w, (cross_k, cross_v), (keys, values) in zip(
                 self.model.decoder_layers, context["weights"], context["cross"], cache):
             h = _norm(x, w["self_norm"]) if layer.pre_norm else x
-            query, key, value = tf.split(self._dense(h, w["qkv"], w["qkv_bias"]), 3, axis=-1)  # [B, N·H] each
+            qkv = self._dense(h, w["qkv"], w["qkv_bias"])  # [B, 3·N·H (+ padding)]
+            query, key, value = tf.split(qkv, self._qkv_split, axis=-1)[:3]  # [B, N·H] each
             query = query * w["scale"]
             if lineage is None:
                 keys = tf.concat([keys, self._new_position(key)], axis=2)  # [B, N, T+1, H]
@@ -205,7 +234,8 @@ class StepDecoder:
                 attended, scores = self._attend_group(query, cross_k, cross_v, context["bias"], group)
             x = self._residual(layer, w["cross_norm"], x, self._dense(attended, w["cross_o"], w["cross_o_bias"]))
             h = _norm(x, w["ffn_norm"]) if layer.pre_norm else x
-            inner = tf.nn.relu(self._dense(h, w["ffn_inner"], w["ffn_inner_bias"]))
+            inner = self._dense(h, w["ffn_inner"], w["ffn_inner_bias"])  # [B, dff (+ padding)]
+            inner = tf.nn.relu(inner[:, :layer.dff] if inner.shape[-1] != layer.dff else inner)
             x = self._residual(layer, w["ffn_norm"], x, self._dense(inner, w["ffn_outer"], w["ffn_outer_bias"]))
             new_cache.append((keys, values))
         if context["final_norm"] is not None:
@@ -259,7 +289,8 @@ class StepDecoder:
         return x + update if layer.pre_norm else _norm(x + update, norm_weights)
 
     def _layer_weights(self, layer) -> dict:
-        """A decoder layer's variables as 2-D matrices in the compute dtype, and the query scale."""
+        """A decoder layer's variables as 2-D matrices in the compute dtype (the query/key/value
+        and FFN inner weights with `padded_width` columns), and the query scale."""
         d, width, dtype = self.d_model, self.heads * self.key_dim, self.dtype
         scale = 1.0 / math.sqrt(float(self.key_dim))  # CachedMultiHeadAttention._inverse_sqrt_key_dim
 
@@ -274,18 +305,21 @@ class StepDecoder:
 
         mine, cross = layer.self_attention, layer.cross_attention
         scale = tf.cast(scale, dtype)
+        qkv, qkv_bias = _pad_columns(  # [d, 3·N·H (+ padding)]
+            tf.concat([kernel(mine._query_dense, d), kernel(mine._key_dense, d), kernel(mine._value_dense, d)], axis=1),
+            tf.concat([flat_bias(mine._query_dense), flat_bias(mine._key_dense), flat_bias(mine._value_dense)], axis=0),
+            padded_width(3 * width, dtype))
+        ffn_inner, ffn_inner_bias = _pad_columns(  # [d, dff (+ padding)]
+            kernel(layer.ffn.inner, d), bias(layer.ffn.inner, layer.dff), padded_width(layer.dff, dtype))
         return {
             "scale": scale,
-            "qkv": tf.concat([kernel(mine._query_dense, d), kernel(mine._key_dense, d),
-                              kernel(mine._value_dense, d)], axis=1),  # [d, 3·N·H]
-            "qkv_bias": tf.concat([flat_bias(mine._query_dense), flat_bias(mine._key_dense),
-                                   flat_bias(mine._value_dense)], axis=0),
+            "qkv": qkv, "qkv_bias": qkv_bias,
             "self_o": kernel(mine._output_dense, width), "self_o_bias": bias(mine._output_dense, d),
             "cross_q": kernel(cross._query_dense, d), "cross_q_bias": flat_bias(cross._query_dense),
             "cross_k": kernel(cross._key_dense, d), "cross_k_bias": flat_bias(cross._key_dense),
             "cross_v": kernel(cross._value_dense, d), "cross_v_bias": flat_bias(cross._value_dense),
             "cross_o": kernel(cross._output_dense, width), "cross_o_bias": bias(cross._output_dense, d),
-            "ffn_inner": kernel(layer.ffn.inner, d), "ffn_inner_bias": bias(layer.ffn.inner, layer.dff),
+            "ffn_inner": ffn_inner, "ffn_inner_bias": ffn_inner_bias,
             "ffn_outer": kernel(layer.ffn.outer, layer.dff), "ffn_outer_bias": bias(layer.ffn.outer, d),
             "self_norm": _norm_weights(layer.self_attention_norm),
             "cross_norm": _norm_weights(layer.cross_attention_norm),
