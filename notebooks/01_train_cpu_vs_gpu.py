@@ -124,7 +124,7 @@ if str(REPO_DIR) not in sys.path:
 from transformer.base.notebook_setup import setup  # the clone is importable from here on
 
 DATA_DIR, OUTPUT_ROOT, TOKENIZER_ROOT = setup(REPO_DIR, IN_COLAB, DATA_DIR, DATASET, OUTPUT_ROOT, TOKENIZER_ROOT,
-                                              SAVE_TO_DRIVE)
+                                              SAVE_TO_DRIVE, caching_allocator=True)  # as scripts/train.py
 
 # %% [markdown]
 # ## Device diagnostics

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -87,7 +88,8 @@ def execute(notebook, cwd: Path, kernel_dir: Path):
     km = AsyncKernelManager(kernel_name="nmt-notebook-test",
                             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     client = NotebookClient(notebook, km=km, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(cwd)}})
-    client.execute()
+    # The kernel starts as a user's would: without the allocator choice earlier tests left in os.environ.
+    client.execute(env={k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")})
     return notebook
 
 
@@ -200,6 +202,7 @@ def test_notebook_01_trains_with_each_toggle_and_compares_the_reports(bible_toke
     for path in reports:
         report = json.loads(path.read_text())
         assert report["state"] == "completed" and report["steps_done"] == 3
+        assert report["environment"]["cpu_allocator"]["running"] == "bfc"  # setup asked, as train.py does
     # "auto" is decided by transformer.runtime.precision, as training decides it (pinned to off in tests).
     decision = json.loads(reports[1].read_text())["run"]["precision_decision"]
     assert decision["requested"]["mixed_precision"] == "auto" and decision["mixed_precision"] == "off"

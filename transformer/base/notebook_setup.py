@@ -80,14 +80,23 @@ def resolve_paths(repo_dir: Path, in_colab: bool, data_dir: str | None, output_r
 
 
 def setup(repo_dir: Path, in_colab: bool, data_dir: str | None, dataset: str, output_root: str | Path,
-          tokenizer_root: str | Path | None, save_to_drive: bool) -> NotebookPaths:
-    """The setup cell after the clone is importable: install (Colab), version check, paths; prints them."""
+          tokenizer_root: str | Path | None, save_to_drive: bool, caching_allocator: bool = False) -> NotebookPaths:
+    """The setup cell after the clone is importable: install (Colab), version check, paths; prints them.
+
+    caching_allocator: a notebook that trains asks TensorFlow for its caching CPU allocator, as
+    `scripts/train.py` does (`transformer.base.allocator`; effective only if this kernel has
+    not started TensorFlow yet: after a restart).
+    """
     if in_colab:
         install_requirements(repo_dir)  # raises if the session must be restarted first
     from transformer.base import cli
     from transformer.base.versions import check_versions
 
     cli.quiet_tensorflow()  # before TensorFlow is imported
+    if caching_allocator:
+        from transformer.base.allocator import use_caching_allocator
+
+        use_caching_allocator()
     tf_version, text_version = check_versions()  # TensorFlow and tensorflow-text on one minor version
     paths = resolve_paths(repo_dir, in_colab, data_dir, output_root, tokenizer_root, save_to_drive)
     print(f"repository:   {repo_dir}  (Colab: {in_colab})")
