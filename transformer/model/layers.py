@@ -164,30 +164,21 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         a decoding chunk ran 1.21x faster this way on one core; a training step did not gain
         (docs/speed.md, "Matrix shapes"), so training keeps the sublayers. Same function, other
         rounding (~1e-6)."""
-        dtype, dim = x.dtype, x.shape[-1]
-        kernels = [tf.cast(dense.kernel, dtype) for dense in denses]
-        widths = [k.shape[1] * k.shape[2] for k in kernels]
-        kernel = tf.concat([tf.reshape(k, [dim, w]) for k, w in zip(kernels, widths)], axis=1) if len(denses) > 1 \
-            else tf.reshape(kernels[0], [dim, widths[0]])
-        y = tf.matmul(tf.reshape(x, [-1, dim]), kernel)  # [B·T, Σ N·H]
-        biases = [tf.reshape(tf.cast(d.bias, dtype), [w]) if d.bias is not None else tf.zeros([w], dtype)
-                  for d, w in zip(denses, widths)]
-        y += tf.concat(biases, axis=0) if len(biases) > 1 else biases[0]
+        matrices, biases = zip(*(dense_matrix(dense, x.dtype) for dense in denses))
+        widths = [matrix.shape[1] for matrix in matrices]
+        dim = x.shape[-1]
+        y = tf.matmul(tf.reshape(x, [-1, dim]), tf.concat(matrices, axis=1)) + tf.concat(biases, axis=0)  # [B·T, Σ N·H]
         shape = tf.shape(x)
-        return [tf.reshape(part, [shape[0], shape[1], k.shape[1], k.shape[2]])
-                for part, k in zip(tf.split(y, widths, axis=1) if len(denses) > 1 else [y], kernels)]
+        return [tf.reshape(part, [shape[0], shape[1], *dense.kernel.shape[1:]])
+                for part, dense in zip(tf.split(y, widths, axis=1), denses)]
 
     def _project_output(self, heads):
         """The output projection (EinsumDense "abcd,cde->abe", kernel `[N, H, dim]`) of
         `heads [B, T, N, H]` → `[B, T, dim]`, as one 2-D matmul (see `_project_heads`)."""
-        dense, dtype = self._output_dense, heads.dtype
-        kernel = tf.cast(dense.kernel, dtype)
-        width, dim = kernel.shape[0] * kernel.shape[1], kernel.shape[2]
-        y = tf.matmul(tf.reshape(heads, [-1, width]), tf.reshape(kernel, [width, dim]))
-        if dense.bias is not None:
-            y += tf.cast(dense.bias, dtype)
+        matrix, bias = dense_matrix(self._output_dense, heads.dtype, inputs=2)  # [N·H, dim], [dim]
+        y = tf.matmul(tf.reshape(heads, [-1, matrix.shape[0]]), matrix) + bias
         shape = tf.shape(heads)
-        return tf.reshape(y, [shape[0], shape[1], dim])
+        return tf.reshape(y, [shape[0], shape[1], matrix.shape[1]])
 
     def attend_inputs(self, query, inputs, attention_mask=None):
         """Attention over `inputs [B, S, dim]` without materialising per-head keys/values.
@@ -241,6 +232,15 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                                 getattr(self._dropout_layer, "dropout_switch", None)) if use_dropout else scores)
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
+
+
+def dense_matrix(dense, dtype, inputs: int = 1) -> tuple:
+    """A Dense or EinsumDense layer as a 2-D product: (kernel `[in, out]`, its first `inputs`
+    axes flattened into `in` and the rest into `out`; bias `[out]`, zeros without one), in `dtype`."""
+    kernel = tf.cast(dense.kernel, dtype)
+    rows, columns = math.prod(kernel.shape[:inputs]), math.prod(kernel.shape[inputs:])
+    bias = tf.reshape(tf.cast(dense.bias, dtype), [columns]) if dense.bias is not None else tf.zeros([columns], dtype)
+    return tf.reshape(kernel, [rows, columns]), bias
 
 
 def write_positions(cache, update, index, axis: int = 1):

@@ -47,7 +47,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from transformer.model.layer_norm import layer_norm_value
-from transformer.model.layers import NEG_INF
+from transformer.model.layers import NEG_INF, dense_matrix
 
 # A float32 matmul whose weight is `[k, n]` with n a multiple of 512 (rows 2 KiB apart) ran
 # 1.2-2.1x slower than with 16 more columns, at every row count of a step (AMD EPYC Zen 3; the
@@ -291,36 +291,33 @@ class StepDecoder:
     def _layer_weights(self, layer) -> dict:
         """A decoder layer's variables as 2-D matrices in the compute dtype (the query/key/value
         and FFN inner weights with `padded_width` columns), and the query scale."""
-        d, width, dtype = self.d_model, self.heads * self.key_dim, self.dtype
+        width, dtype = self.heads * self.key_dim, self.dtype
         scale = 1.0 / math.sqrt(float(self.key_dim))  # CachedMultiHeadAttention._inverse_sqrt_key_dim
 
-        def kernel(dense, rows):
-            return tf.reshape(_read(dense.kernel, dtype), [rows, -1])
+        def kernel(dense, inputs=1):
+            return dense_matrix(dense, dtype, inputs)[0]
 
-        def bias(dense, size):
-            return _read(dense.bias, dtype) if dense.bias is not None else tf.zeros([size], dtype)
-
-        def flat_bias(dense):
-            return tf.reshape(bias(dense, width), [-1])
+        def bias(dense, inputs=1):
+            return dense_matrix(dense, dtype, inputs)[1]
 
         mine, cross = layer.self_attention, layer.cross_attention
         scale = tf.cast(scale, dtype)
         qkv, qkv_bias = _pad_columns(  # [d, 3·N·H (+ padding)]
-            tf.concat([kernel(mine._query_dense, d), kernel(mine._key_dense, d), kernel(mine._value_dense, d)], axis=1),
-            tf.concat([flat_bias(mine._query_dense), flat_bias(mine._key_dense), flat_bias(mine._value_dense)], axis=0),
+            tf.concat([kernel(mine._query_dense), kernel(mine._key_dense), kernel(mine._value_dense)], axis=1),
+            tf.concat([bias(mine._query_dense), bias(mine._key_dense), bias(mine._value_dense)], axis=0),
             padded_width(3 * width, dtype))
         ffn_inner, ffn_inner_bias = _pad_columns(  # [d, dff (+ padding)]
-            kernel(layer.ffn.inner, d), bias(layer.ffn.inner, layer.dff), padded_width(layer.dff, dtype))
+            kernel(layer.ffn.inner), bias(layer.ffn.inner), padded_width(layer.dff, dtype))
         return {
             "scale": scale,
             "qkv": qkv, "qkv_bias": qkv_bias,
-            "self_o": kernel(mine._output_dense, width), "self_o_bias": bias(mine._output_dense, d),
-            "cross_q": kernel(cross._query_dense, d), "cross_q_bias": flat_bias(cross._query_dense),
-            "cross_k": kernel(cross._key_dense, d), "cross_k_bias": flat_bias(cross._key_dense),
-            "cross_v": kernel(cross._value_dense, d), "cross_v_bias": flat_bias(cross._value_dense),
-            "cross_o": kernel(cross._output_dense, width), "cross_o_bias": bias(cross._output_dense, d),
+            "self_o": kernel(mine._output_dense, 2), "self_o_bias": bias(mine._output_dense, 2),
+            "cross_q": kernel(cross._query_dense), "cross_q_bias": bias(cross._query_dense),
+            "cross_k": kernel(cross._key_dense), "cross_k_bias": bias(cross._key_dense),
+            "cross_v": kernel(cross._value_dense), "cross_v_bias": bias(cross._value_dense),
+            "cross_o": kernel(cross._output_dense, 2), "cross_o_bias": bias(cross._output_dense, 2),
             "ffn_inner": ffn_inner, "ffn_inner_bias": ffn_inner_bias,
-            "ffn_outer": kernel(layer.ffn.outer, layer.dff), "ffn_outer_bias": bias(layer.ffn.outer, d),
+            "ffn_outer": kernel(layer.ffn.outer), "ffn_outer_bias": bias(layer.ffn.outer),
             "self_norm": _norm_weights(layer.self_attention_norm),
             "cross_norm": _norm_weights(layer.cross_attention_norm),
             "ffn_norm": _norm_weights(layer.ffn_norm),
