@@ -145,6 +145,16 @@ def parse_max_tokens(text: str) -> int | str:
     return value  # a negative count is refused by PipelineConfig.validate, as every range is
 
 
+def parse_num_layers(text: str) -> int | str:
+    """`--num-layers` value: a number of layers per side, or "auto"."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of layers per side (e.g. 3) or {AUTO!r}") from None
+
+
 def parse_fractions(text: str) -> tuple[float, ...]:
     """`--eval-at` value: comma-separated fractions in (0, 1), or `end` for none."""
     if text.strip() == "end":
@@ -175,7 +185,9 @@ def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument("--num-layers", type=int)
+    group.add_argument("--num-layers", type=parse_num_layers, metavar="N|auto",
+                       help="layers per side (default auto: 2 for a --time-budget run in float32 on a CPU without "
+                            "BF16 instructions, else 3; transformer/training/depth.py)")
     group.add_argument("--d-model", type=int)
     group.add_argument("--num-heads", type=int)
     group.add_argument("--dff", type=int)
@@ -351,6 +363,7 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
                              "root": "tokenizer_root",
                              "shared_vocab": "shared_vocab"})
     model = _pick(args, {f: f for f in ModelConfig.__dataclass_fields__})
+    typed_model = {k: v for k, v in model.items() if v != AUTO}  # `--num-layers auto` contradicts no saved run
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
                             "shuffle_buffer": "shuffle_buffer", "cache": "cache",
                             "bucket_width": "bucket_width", "length_buckets": "length_buckets",
@@ -365,10 +378,10 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     except (ValueError, TypeError) as err:  # validate() names the config key; add the flag
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err
     if config.train.resume:
-        check_resume_flags(config.train.output_dir, {"model": model, "tokenizer": tokenizer,
+        check_resume_flags(config.train.output_dir, {"model": typed_model, "tokenizer": tokenizer,
                                                      "train": {k: v for k, v in train.items() if k in RUN_TRAIN_FIELDS}})
     if config.train.init_from:
-        config = apply_init_from(config, {"model": model, "tokenizer": tokenizer})
+        config = apply_init_from(config, {"model": typed_model, "tokenizer": tokenizer})
         try:  # the tokenizers are the run's now
             check_sampling(config)
         except ValueError as err:

@@ -73,7 +73,7 @@ def parse_length_buckets(text: str) -> Optional[tuple[int, ...]]:
 
 
 UNBOUNDED_EPOCHS = 1_000_000  # `fit` epochs of a time-budgeted run: the budget stops it first
-AUTO = "auto"  # `--max-tokens auto`: chosen for the device at the start of training (runtime/batch_size.py)
+AUTO = "auto"  # `--max-tokens auto`, `--num-layers auto`: chosen for the device at the start of training
 RECIPE_MAX_TOKENS = 2048  # the default recipe's tokens per batch, measured on CPU (docs/recipes.md)
 
 
@@ -165,9 +165,11 @@ class ModelConfig:
 
     head_width: "tutorial" uses key_dim = d_model per head (the TF tutorial's choice);
     "paper" uses key_dim = d_model // num_heads (Vaswani et al.).
+    num_layers: layers per side, or "auto" (the default recipe's, `RunConfig().model`): decided
+    for the machine when training starts (transformer/training/depth.py) and saved as a number.
     """
 
-    num_layers: int = 3
+    num_layers: Union[int, str] = 3  # int | "auto" (see above)
     d_model: int = 256
     num_heads: int = 8
     dff: int = 1024
@@ -193,7 +195,9 @@ class ModelConfig:
                 f"model.d_model ({self.d_model}) must be divisible by model.num_heads "
                 f"({self.num_heads}) with head_width='paper'"
             )
-        for name in ("num_layers", "d_model", "num_heads", "dff", "max_length"):
+        if self.num_layers != AUTO and (not isinstance(self.num_layers, int) or self.num_layers <= 0):
+            raise ValueError(f"model.num_layers must be > 0 or {AUTO!r}, got {self.num_layers!r}")
+        for name in ("d_model", "num_heads", "dff", "max_length"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
         for name in ("dropout_rate", "attention_dropout", "activation_dropout"):
@@ -486,7 +490,7 @@ class RunConfig:
 
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(num_layers=AUTO))  # depth: for the machine
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 

@@ -39,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from transformer.base import atomic
-from transformer.base.config import RUN_TRAIN_FIELDS, ModelConfig, RunConfig, check_sampling, parse_profile_steps
+from transformer.base.config import AUTO, RUN_TRAIN_FIELDS, ModelConfig, RunConfig, check_sampling, parse_profile_steps
 from transformer.base.errors import ConfigError, OutputExistsError
 from transformer.data.corpora import load_corpus
 from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets
@@ -74,12 +74,12 @@ from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_v
 from transformer.training.backup import StepBackupAndRestore, snapshots
 from transformer.training.batch_probe import resolve_batch
 from transformer.training.budget import TrainingClock
+from transformer.training.depth import resolve_depth
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.init_from import InitSource, open_init_source
 from transformer.training.late_dropout import LateDropout, late_dropout_switch
 from transformer.training.profiling import StepProfiler
 from transformer.training.progress import BudgetProgress, dynamic_display
-from transformer.training.recipe_advice import depth_advice
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
 from transformer.training.timing import BatchTimer
@@ -149,8 +149,10 @@ def resolve_model_config(config: RunConfig, tokenizers, output_dir: Path, resumi
     saved = output_dir / CONFIG_FILE
     if resuming and saved.exists():
         model_config = RunConfig.load(saved).model
+        asked = {"num_layers": model_config.num_layers} if config.model.num_layers == AUTO else {}
         if model_config != dataclasses.replace(
-            config.model, src_vocab_size=model_config.src_vocab_size, tgt_vocab_size=model_config.tgt_vocab_size
+            config.model, src_vocab_size=model_config.src_vocab_size, tgt_vocab_size=model_config.tgt_vocab_size,
+            **asked,
         ):
             log.warning("--resume: using the architecture saved in %s, not the command line's", saved)
         return model_config
@@ -261,14 +263,17 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if not run_tokenizers.exists():
         shutil.copytree(tokenizer_dir, run_tokenizers)
 
+    if init is not None and config.model.num_layers == AUTO:  # the weights' depth
+        config = config.replace(model={"num_layers": init.config.model.num_layers})
+    elif not resuming:  # a resumed run keeps its saved depth
+        config, depth_line = resolve_depth(config, decision, hint=init is None)
+        if depth_line:
+            log.info("%s", depth_line)
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
     if init is not None:
         init.check_model(model_config)
         config = init.record(config)
-    advice = None if resuming or init is not None else depth_advice(config, decision)
-    if advice:
-        log.info("%s", advice)
     # --max-tokens auto. A GPU probe times steps without XLA: compiling each budget's shape would
     # cost ~40 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
     resolved, batch = resolve_batch(config.replace(train={"xla": False}), "tpu" if strategy_name == "tpu" else device,
