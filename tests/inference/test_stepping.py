@@ -1,6 +1,7 @@
 """ContinuousDecoder: sentences joining and leaving a running batch decode what the offline translator decodes."""
 
 import pytest
+import tensorflow as tf
 from helpers_translation import BAD_INPUTS, tiny_translator
 
 from transformer.inference.export import export_translator, load_exported
@@ -32,10 +33,11 @@ def drive(decoder, arrivals):
     return out
 
 
-def test_sentences_joining_between_steps_decode_as_offline(translator):
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_sentences_joining_between_steps_decode_as_offline(translator, steps_per_call):
     sentences = SENTENCES + BAD_INPUTS
     reference = translator.translate(sentences)
-    decoder = ContinuousDecoder(translator)
+    decoder = ContinuousDecoder(translator, steps_per_call=steps_per_call)
     # Joining at different steps, some while others are half-way: positions, masks and the
     # source padding of the shared batch differ from the offline chunks.
     arrivals = [sentences[:2], [], sentences[2:3], sentences[3:9], [], [], sentences[9:10], sentences[10:]]
@@ -64,6 +66,25 @@ def test_an_ended_row_left_in_the_batch_past_max_length_does_not_disturb_the_oth
     # step younger, decode up to MAX_LENGTH steps: its column distance passes max_length.
     out = drive(decoder, [[first], long])
     assert [out[i] for i in range(4)] == translator.translate([first, *long])
+
+
+def test_a_call_decodes_several_steps_and_drops_what_follows_a_rows_end(translator):
+    decoder = ContinuousDecoder(translator, steps_per_call=5)
+    sentences = ["Jesus chorou.", "palavra " * 40]  # the second bounded by MAX_LENGTH tokens
+    decoder.add(sentences, [0, 1])
+    out = dict(decoder.step())
+    assert decoder.steps == 5 and decoder.row_steps == 10
+    while decoder.active:
+        out.update(decoder.step())
+    assert [out[0], out[1]] == translator.translate(sentences)  # no token of a call after a row's end kept
+
+
+def test_a_call_stops_once_every_row_has_ended(translator):
+    decoder = ContinuousDecoder(translator)
+    decoder.add(SENTENCES, list(range(len(SENTENCES))))
+    ids, ended, _ = decoder._advance(decoder._state, tf.constant(10 * MAX_LENGTH))
+    assert ids.shape[0] == len(SENTENCES) and ids.shape[1] <= MAX_LENGTH  # not 10 * MAX_LENGTH steps
+    assert ended.numpy()[:, -1].all() and not ended.numpy()[:, -2].all()
 
 
 def test_a_rebuilt_export_decodes_as_the_export(translator, tmp_path):

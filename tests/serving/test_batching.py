@@ -99,8 +99,11 @@ def test_decoder_streams_decode_runs_at_once_and_each_request_gets_its_own():
 class CountingEngine:
     """A step engine: a row of text t ends after len(t) steps (at least one) and translates to t.upper()."""
 
+    steps_per_call = 1
+
     def __init__(self, fail_on=None):
         self.rows, self.step_rows, self.added, self.fail_on = {}, [], [], fail_on
+        self.steps = self.row_steps = 0
         self.gate = threading.Event()
         self.gate.set()
 
@@ -116,6 +119,7 @@ class CountingEngine:
     def step(self):
         self.gate.wait()
         self.step_rows.append(sorted(text for text, _ in self.rows.values()))
+        self.steps, self.row_steps = self.steps + 1, self.row_steps + len(self.rows)
         if self.fail_on is not None and any(text == self.fail_on for text, _ in self.rows.values()):
             raise RuntimeError("the model failed")
         done = []

@@ -315,20 +315,21 @@ class DynamicBatcher:
 class StepBatcher(DynamicBatcher):
     """Step-level continuous batching: sentences join a running decode between its steps.
 
-    `engine` decodes one token for each of its active rows per `step` (e.g.
+    `engine` decodes up to `steps_per_call` tokens for each of its active rows per `step` (e.g.
     `transformer.inference.stepping.ContinuousDecoder`). The decoding thread loops: move the
-    waiting sentences into the engine (oldest first, up to `max_batch` rows in all), decode one
-    step, answer every request whose sentences have all finished. While the engine has rows
-    waiting sentences join every `JOIN_EVERY_STEPS` steps; when it is idle, the first sentences
+    waiting sentences into the engine (oldest first, up to `max_batch` rows in all), call `step`,
+    answer every request whose sentences have all finished. While the engine has rows waiting
+    sentences join every `JOIN_EVERY_STEPS` steps (or every call, if it decodes as many); when it is idle, the first sentences
     wait as in `DynamicBatcher` (until `max_batch` sentences or `max_wait_ms` after the oldest
     arrived).
     A row costs only its own steps: it leaves as soon as it ends, and a new sentence starts at
     the next step instead of after the longest row of a batch.
 
     Args:
-        engine: has `add(texts, keys)`, `step() → [(key, translation)]` of the rows that ended,
-            `active` (rows being decoded), `reset()` (drop every row) and `translate(texts)`
-            (warm-up).
+        engine: has `add(texts, keys)`, `step() → [(key, translation)]` of the rows that ended
+            (up to `steps_per_call` tokens per row), `steps` and `row_steps` (counters of steps
+            and rows over them), `active` (rows being decoded), `reset()` (drop every row) and
+            `translate(texts)` (warm-up).
         max_batch, max_wait_ms, max_queue: as in `DynamicBatcher`; `max_batch` bounds the rows.
     """
 
@@ -352,7 +353,7 @@ class StepBatcher(DynamicBatcher):
         rows: dict = {}  # key → (job, index) of every sentence in the engine
         since_join = 0  # steps since sentences last joined
         while self._gather(busy=len(rows)):
-            since_join += 1
+            since_join += self._engine.steps_per_call
             room = self.max_batch - len(rows) if not rows or since_join >= self.join_every else 0
             since_join = 0 if room and self._pool else since_join
             joining, self._pool = self._pool[:room], self._pool[room:]
@@ -365,8 +366,8 @@ class StepBatcher(DynamicBatcher):
                     rows.update(zip(keys, joining))
                     with self._cond:
                         self.stats["batches"] += 1
+                steps, row_steps = self._engine.steps, self._engine.row_steps
                 finished = self._engine.step() if rows else []
-                active = len(rows)
             except Exception as err:  # every sentence in the engine gets the error (HTTP 500)
                 self._engine.reset()
                 failed = list(rows.values()) + [item for item in joining if item not in rows.values()]
@@ -375,7 +376,7 @@ class StepBatcher(DynamicBatcher):
                 continue
             with self._cond:
                 self.stats["decode_s"] += time.perf_counter() - started
-                self.stats["steps"] += active > 0
-                self.stats["row_steps"] += active
+                self.stats["steps"] += self._engine.steps - steps
+                self.stats["row_steps"] += self._engine.row_steps - row_steps
             if finished:
                 self._answer([rows.pop(key) for key, _ in finished], [text for _, text in finished])
