@@ -133,26 +133,25 @@ def parse_data_arg(text: str) -> tuple[CorpusSpec, ...]:
     return tuple(specs)
 
 
-def parse_max_tokens(text: str) -> int | str:
-    """`--max-tokens` value: "auto", or a number of tokens (0: sentences, `--batch-size`)."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of tokens (e.g. 8192), 0 for "
-                                         f"--batch-size sentences, or {AUTO!r}") from None
-    return value  # a negative count is refused by PipelineConfig.validate, as every range is
-
-
-def parse_num_layers(text: str) -> int | str:
-    """`--num-layers` value: a number of layers per side, or "auto"."""
+def _int_or_auto(text: str, expected: str) -> int | str:
+    """"auto" (any case), or `text` as an int; else an argparse error "'text': expected <expected>"."""
     if text.strip().lower() == AUTO:
         return AUTO
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of layers per side (e.g. 3) or {AUTO!r}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+
+
+def parse_max_tokens(text: str) -> int | str:
+    """`--max-tokens` value: "auto", or a number of tokens (0: sentences, `--batch-size`)."""
+    # a negative count is refused by PipelineConfig.validate, as every range is
+    return _int_or_auto(text, f"a number of tokens (e.g. 8192), 0 for --batch-size sentences, or {AUTO!r}")
+
+
+def parse_num_layers(text: str) -> int | str:
+    """`--num-layers` value: a number of layers per side, or "auto"."""
+    return _int_or_auto(text, f"a number of layers per side (e.g. 3) or {AUTO!r}")
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:

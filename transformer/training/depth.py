@@ -28,11 +28,11 @@ def shallow_pays(config: RunConfig, decision: PrecisionDecision) -> bool:
             and config.train.time_budget_minutes is not None)
 
 
-def resolve_depth(config: RunConfig, decision: PrecisionDecision, hint: bool = True) -> tuple[RunConfig, Optional[str]]:
-    """(`config` with `model.num_layers` a number, the line to log or None).
+def resolve_depth(config: RunConfig, decision: PrecisionDecision) -> tuple[RunConfig, Optional[str]]:
+    """(`config` with `model.num_layers` a number, the line to log or None), for a new run.
 
     `num_layers` "auto" becomes `SHALLOW_LAYERS` where `shallow_pays`, else `DEEP_LAYERS`, and
-    the line says why; a typed number is kept, with a `hint:` line (when `hint`) if it is above
+    the line says why; a typed number is kept, with a `hint:` line if it is above
     `SHALLOW_LAYERS` where `shallow_pays`.
     """
     layers, cpu = config.model.num_layers, decision.facts.cpu_model or "this CPU"
@@ -44,7 +44,7 @@ def resolve_depth(config: RunConfig, decision: PrecisionDecision, hint: bool = T
         return (config.replace(model={"num_layers": DEEP_LAYERS}),
                 f"--num-layers auto: {DEEP_LAYERS} (the default recipe's; {SHALLOW_LAYERS} only for a --time-budget "
                 f"run in float32 on a CPU without BF16 instructions)")
-    if hint and layers > SHALLOW_LAYERS and shallow_pays(config, decision):
+    if layers > SHALLOW_LAYERS and shallow_pays(config, decision):
         return config, (f"hint: {cpu} has no BF16 instructions, so this run trains in float32 and sees few tokens "
                         f"in its budget; there --num-layers {SHALLOW_LAYERS} learns faster than {layers} "
                         f"({MEASURED}; docs/recipes.md)")

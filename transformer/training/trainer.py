@@ -265,8 +265,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
 
     if init is not None and config.model.num_layers == AUTO:  # the weights' depth
         config = config.replace(model={"num_layers": init.config.model.num_layers})
-    elif not resuming:  # a resumed run keeps its saved depth
-        config, depth_line = resolve_depth(config, decision, hint=init is None)
+    elif init is None and not resuming:  # a resumed run keeps its saved depth
+        config, depth_line = resolve_depth(config, decision)
         if depth_line:
             log.info("%s", depth_line)
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
