@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -278,3 +279,17 @@ def test_config_files_without_the_subword_fields_load_as_wordpiece(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(values))
     loaded = RunConfig.load(tmp_path / "config.json")
     assert loaded.tokenizer.algorithm == "wordpiece" and loaded.pipeline.sampling is None
+
+
+def test_every_command_lets_tensorflow_take_gpu_memory_as_needed(monkeypatch):
+    """cli.start() (every command, before TensorFlow starts) turns GPU memory growth on; a value set wins.
+    Without it a decoding process beside a training run or a test worker takes the whole GPU."""
+    from transformer.base import cli
+
+    monkeypatch.setattr(cli, "check_versions", lambda: None)
+    monkeypatch.delenv(cli.GPU_GROWTH_ENV, raising=False)
+    cli.start()
+    assert os.environ[cli.GPU_GROWTH_ENV] == "true"
+    monkeypatch.setenv(cli.GPU_GROWTH_ENV, "false")
+    cli.start()
+    assert os.environ[cli.GPU_GROWTH_ENV] == "false"

@@ -35,6 +35,7 @@ ARGV = {
     "benchmark_serving": ["missing"],
     "benchmark_subword": ["--tokenizer", "sentencepiece", "--subword-alpha", "0.1"],
     "benchmark_ema": [],
+    "benchmark_xla": [],
 }
 
 CHILD = """

@@ -46,7 +46,7 @@ H100_RATES = {2048: 45_000.0, 4096: 90_000.0, 8192: 170_000.0, 16384: 270_000.0,
 
 def test_probe_stops_when_a_doubled_batch_gains_less_than_ten_percent():
     time_step = timer(H100_RATES)
-    probe = probe_max_tokens(time_step, LENGTH)
+    probe = probe_max_tokens(time_step, LENGTH, cap=65536)
     assert probe.chosen == 16384  # 32768 gains +5.6%: not worth 2x the memory and half the updates
     assert time_step.calls == [2048, 4096, 8192, 16384, 32768]
     assert "+6%" in probe.stop and "16384" in probe.stop
@@ -64,8 +64,8 @@ def test_probe_stops_at_the_first_out_of_memory_and_keeps_the_last_that_fitted()
 def test_probe_respects_the_cap():
     linear = {2**i: 10.0 * 2**i for i in range(11, 18)}  # tokens/s doubles with the batch
     time_step = timer(linear)
-    assert probe_max_tokens(time_step, LENGTH).chosen == batch_size.PROBE_CAP == 65536
-    assert max(time_step.calls) == 65536
+    assert probe_max_tokens(time_step, LENGTH).chosen == batch_size.PROBE_CAP == 16384  # 8x the recipe's batch
+    assert max(time_step.calls) == 16384
     time_step = timer(linear)
     probe = probe_max_tokens(time_step, LENGTH, cap=8192)
     assert probe.chosen == 8192 and time_step.calls == [2048, 4096, 8192] and "cap" in probe.stop
@@ -105,7 +105,7 @@ def test_explicit_values_and_the_naive_pipeline_are_not_probed():
 def test_gpu_probe_is_cached_per_gpu_model_and_precision(private_cache):
     first = timer(H100_RATES)
     decision = decide_max_tokens("auto", "gpu", time_step=first, length=LENGTH, key_fields=KEY, gpu=GPU)
-    assert decision.max_tokens == 16384 and decision.probe_cached is False and len(first.calls) == 5
+    assert decision.max_tokens == 16384 and decision.probe_cached is False and len(first.calls) == 4  # the cap
     assert "NVIDIA H100" in decision.reason and "→ 16384" in decision.reason
     entries = json.loads(private_cache.read_text())
     assert len(entries) == 1 and next(iter(entries.values()))["key"]["gpu"] == GPU

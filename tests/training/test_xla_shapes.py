@@ -25,7 +25,8 @@ from transformer.inference.rundir import build_model
 from transformer.model.optimizer import compile_model
 from transformer.runtime.precision import (
     GPU_XLA_COMPILE_S,
-    XLA_MAX_COMPILE_SHARE,
+    GPU_XLA_SPEEDUP,
+    MIN_XLA_GAIN,
     DeviceFacts,
     XlaWorkload,
     decide_precision,
@@ -182,16 +183,21 @@ def test_xla_auto_on_a_gpu_weighs_compilations_against_the_run():
     def decide(workload):
         return decide_precision("auto", None, "gpu", facts=H100, workload=workload)
 
-    short = decide(XlaWorkload(programs=7, budget_s=5 * 60))  # the H100 run: 9 steps in 4.6 min, all compiling
-    assert short.xla is False and short.xla_reason.startswith("XLA off: 7 programs × ~40 s")
-    assert "--xla on forces it" in short.xla_reason
-    long_enough = 7 * GPU_XLA_COMPILE_S / XLA_MAX_COMPILE_SHARE  # 2,800 s
-    assert decide(XlaWorkload(programs=7, budget_s=long_enough)).xla is True
-    assert decide(XlaWorkload(programs=14, budget_s=long_enough)).xla is False  # + evaluation programs
+    short = decide(XlaWorkload(programs=7, budget_s=3 * 60))  # README's 3-minute GPU run: 7 × 25 s of 180 s
+    assert short.xla is False and short.xla_reason.startswith("XLA off: 7 programs × ~25 s")
+    assert "--xla on forces it" in short.xla_reason and "0.08× the tokens" in short.xla_reason
+    # break-even: (T − 7 × 25 s) × 3 = 1.25 T  ⇔  T = 175 s / (1 − 1.25 / 3) = 300 s
+    break_even = 7 * GPU_XLA_COMPILE_S / (1 - MIN_XLA_GAIN / GPU_XLA_SPEEDUP)
+    assert break_even == pytest.approx(300)
+    assert decide(XlaWorkload(programs=7, budget_s=break_even * 1.01)).xla is True
+    assert decide(XlaWorkload(programs=7, budget_s=break_even * 0.99)).xla is False
+    assert decide(XlaWorkload(programs=14, budget_s=break_even * 1.01)).xla is False  # + evaluation programs
+    assert decide(XlaWorkload(programs=7, budget_s=30 * 60)).xla is True
     steps = XlaWorkload(programs=7, steps=100_000)  # × 35.5 ms = 59 min of training
     assert steps.train_s() == pytest.approx(3550) and decide(steps).xla is True
     assert "100,000 steps × 36 ms" in decide(steps).xla_reason
     assert decide(XlaWorkload(programs=7, steps=1_000)).xla is False
+    assert decide(XlaWorkload(programs=7, budget_s=60)).xla is False  # compiling outlasts the budget: no tokens
     assert XlaWorkload(programs=1, steps=1, tokens_per_batch=16384).train_s() == pytest.approx(0.0479)
     assert decide(XlaWorkload(programs=7)).xla is True  # run length unknown: assumed long
     assert decide(None).xla is True

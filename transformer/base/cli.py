@@ -52,6 +52,8 @@ from transformer.base.errors import ArtifactError, ConfigError
 from transformer.base.presets import PRESETS
 from transformer.base.versions import check_versions
 
+GPU_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"  # read by TensorFlow when it creates its GPU devices
+
 
 def quiet_tensorflow() -> None:
     """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines)."""
@@ -62,7 +64,7 @@ def quiet_tensorflow() -> None:
 # modules of transformer/commands/, each with main(argv)
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
             "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving", "benchmark_subword",
-            "benchmark_ema")
+            "benchmark_ema", "benchmark_xla")
 
 
 def command_line(name: str, *args: str) -> list[str]:
@@ -82,9 +84,14 @@ def subprocess_env(env: dict | None = None) -> dict:
 
 def start() -> None:
     """What every command does first, before TensorFlow is imported: quiet TensorFlow's start-up
-    chatter, configure logging, and check that TensorFlow and tensorflow-text match (else
-    `error: …` with the pip command that fixes it, exit status 2, through `errors.command`)."""
+    chatter, configure logging, let TensorFlow take GPU memory as it needs it, and check that
+    TensorFlow and tensorflow-text match (else `error: …` with the pip command that fixes it,
+    exit status 2, through `errors.command`)."""
     quiet_tensorflow()
+    # GPU memory as needed, not all of it at start: a decoding command, a server or a second
+    # run beside a training run (or the tests' workers) would otherwise find none left
+    # (`cudaSetDevice() … out of memory`, seen on an H100). A value you set wins.
+    os.environ.setdefault(GPU_GROWTH_ENV, "true")
     check_versions()  # VersionMismatchError: `error:`/`hint:`, exit 2 (transformer/base/errors.py `command`)
 
 
