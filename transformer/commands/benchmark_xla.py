@@ -62,9 +62,7 @@ def main(argv=None) -> int:
     from transformer.runtime.devices import set_precision
     from transformer.runtime.xla_flags import XLA_FLAGS_ENV
 
-    device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
-    for gpu in tf.config.list_physical_devices("GPU"):
-        tf.config.experimental.set_memory_growth(gpu, True)
+    device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"  # memory growth: cli.start()
     model_config = (artifacts.load_run_config(args.run).model if args.run else
                     ModelConfig(num_layers=args.num_layers, src_vocab_size=args.vocab_size,
                                 tgt_vocab_size=args.vocab_size))
