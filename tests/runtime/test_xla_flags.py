@@ -7,6 +7,12 @@ import sys
 from transformer.runtime.xla_flags import GPU_XLA_FLAGS, XLA_FLAGS_ENV, enable_fast_gpu_compile
 
 
+def child_env() -> dict:
+    """This environment without XLA's variables: an earlier test in the same worker may have named
+    a persistent program cache in $TF_XLA_FLAGS (training does), and a cache hit compiles nothing."""
+    return {k: v for k, v in os.environ.items() if k not in (XLA_FLAGS_ENV, "TF_XLA_FLAGS")}
+
+
 def test_flags_are_added_once(monkeypatch):
     monkeypatch.delenv(XLA_FLAGS_ENV, raising=False)
     assert enable_fast_gpu_compile() == " ".join(GPU_XLA_FLAGS)
@@ -26,7 +32,7 @@ def test_an_unknown_flag_is_refused_by_xla():
     code = ("import tensorflow as tf\n"
             "f = tf.function(lambda x: x * 2.0, jit_compile=True)\n"
             "print('ok', float(f(tf.constant(1.0))))\n")
-    env = {**os.environ, XLA_FLAGS_ENV: "--xla_gpu_no_such_flag_anywhere=true", "TF_CPP_MIN_LOG_LEVEL": "2",
+    env = {**child_env(), XLA_FLAGS_ENV: "--xla_gpu_no_such_flag_anywhere=true", "TF_CPP_MIN_LOG_LEVEL": "2",
            "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "ok" not in done.stdout
@@ -38,8 +44,7 @@ def test_benchmark_xla_times_each_shape_with_and_without_xla(tmp_path):
     import json
 
     out = tmp_path / "xla.json"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop(XLA_FLAGS_ENV, None)
+    env = {**child_env(), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "scripts/benchmark_xla.py", "--vocab-size", "64", "--num-layers", "1",
                            "--tokens", "64", "--lengths", "16", "8", "--steps", "2", "--output", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
@@ -66,8 +71,7 @@ def test_xla_accepts_the_flags_set_after_tensorflow_started(tmp_path):
             "tf.config.list_physical_devices()\n"
             f"os.environ['XLA_FLAGS'] = {flags!r}\n"
             "print(tf.function(lambda v: tf.nn.relu(v) * 3.0, jit_compile=True)(x).numpy())\n")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop(XLA_FLAGS_ENV, None)
+    env = {**child_env(), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[ 6. 12.]" in done.stdout and dump.is_dir() and any(dump.iterdir())
