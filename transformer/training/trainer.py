@@ -301,7 +301,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         init.check_model(model_config)
         config = init.record(config)
     # --max-tokens auto. A GPU probe times steps without XLA: compiling each budget's shape would
-    # cost ~25 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
+    # cost ~32 s apiece there; the batch that speeds up plain steps is the one XLA then gets.
     resolved, batch = resolve_batch(config.replace(train={"xla": False}), "tpu" if strategy_name == "tpu" else device,
                                     model_config, strategy, run_dir, resuming)
     config = resolved.replace(train={"xla": config.train.xla})
