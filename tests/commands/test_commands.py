@@ -36,6 +36,7 @@ ARGV = {
     "benchmark_subword": ["--tokenizer", "sentencepiece", "--subword-alpha", "0.1"],
     "benchmark_ema": [],
     "benchmark_xla": [],
+    "benchmark_pipeline": [],
 }
 
 CHILD = """

@@ -64,7 +64,7 @@ def quiet_tensorflow() -> None:
 # modules of transformer/commands/, each with main(argv)
 COMMANDS = ("train", "build_tokenizers", "translate", "evaluate", "export", "average_checkpoints", "benchmark",
             "benchmark_decoding", "compare_reports", "tune_decoding", "serve", "benchmark_serving", "benchmark_subword",
-            "benchmark_ema", "benchmark_xla")
+            "benchmark_ema", "benchmark_xla", "benchmark_pipeline")
 
 
 def command_line(name: str, *args: str) -> list[str]:

@@ -18,13 +18,21 @@ from __future__ import annotations
 from typing import Optional
 
 from transformer.base.config import AUTO, RECIPE_MAX_TOKENS, RunConfig
-from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets, tokenize_mixture, tokenize_pairs
+from transformer.data.pipeline import (
+    length_grid,
+    make_batches,
+    pair_ids,
+    resolve_length_buckets,
+    tokenize_mixture,
+    tokenize_pairs,
+)
 from transformer.runtime import distribute
 from transformer.runtime.precision import XlaWorkload
 
 
 def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
-    """The training pairs tokenized and cached once (`pipeline.tokenize_pairs`), or None.
+    """The training pairs tokenized once: their ids in memory (`pipeline.pair_ids`), or with a
+    file cache or subword sampling a cached stream (`pipeline.tokenize_pairs`); None when naive.
 
     Shared by `count_batches` and `make_datasets`, so that counting the batches of an epoch
     fills the cache the training pipeline then reads (the split is tokenized once, not twice;
@@ -35,6 +43,8 @@ def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
     if config.pipeline.kind != "optimized":
         return None
     pairs = corpus.training_pairs
+    if config.pipeline.cache == "memory" and config.pipeline.sampling is None:
+        return pair_ids(pairs, tokenizers, config.model.max_length)  # training batches planned per epoch
     if pairs is corpus.train:
         return tokenize_pairs(pairs, tokenizers, config.model.max_length, config.pipeline.cache,
                               config.pipeline.sampling)
@@ -46,6 +56,8 @@ def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1, toke
 
     `tokenized`: `tokenized_training_pairs(...)`, to fill the cache the training then reuses.
     """
+    if tokenized is None:
+        tokenized = tokenized_training_pairs(corpus, tokenizers, config)
     batches = make_batches(corpus.training_pairs, tokenizers, config.pipeline, config.model.max_length,
                            training=True, seed=config.train.seed, replicas=update_rows(config, replicas),
                            tokenized=tokenized)
@@ -113,6 +125,9 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
             return distribute.tpu_batches(tokenized, batch, max_length, training, pipeline.shuffle_buffer,
                                           config.train.seed)
     else:
+        if tokenized is None:
+            tokenized = tokenized_training_pairs(corpus, tokenizers, config)
+
         def batches(pairs, training):
             return make_batches(pairs, tokenizers, config.pipeline, max_length, training=training,
                                 seed=config.train.seed if training else None,

@@ -1,0 +1,96 @@
+"""How fast the training input pipeline makes batches, without a model: streamed and planned.
+
+    python scripts/benchmark_pipeline.py --data ../shared/data/bible-pt-en \
+        --data ../shared/data/bible-pt-en/extra/train.blivre_nheb --max-tokens 16384 --output runs/pipeline.json
+
+Loads the corpus and tokenizers as scripts/train.py does (same data, tokenizer and pipeline
+flags; the tokenizer cache is used), then times `--epochs` whole epochs of training batches of
+each form, alternating: "stream" (tf.data cache, mixture sampling, shuffle buffer,
+`bucket_by_sequence_length`: transformer/data/pipeline.py) and "plan" (a whole epoch planned
+with vectorized ops: transformer/data/epoch_plan.py, what training uses for ids in memory).
+Per epoch: batches/s, pairs/s, the wait for its first batch, and the padding of target
+batches. A train step of S seconds needs 1/S batches/s: an H100 XLA step of 16,384 tokens
+(~16 ms) needs ~64. Defaults: 16,384 tokens, the geometric grid (what XLA runs get).
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from transformer.base import atomic, cli
+from transformer.base.errors import command
+
+FORMS = ("stream", "plan")
+
+
+@command
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_data_args(parser)
+    cli.add_tokenizer_args(parser)
+    cli.add_pipeline_args(parser)
+    parser.set_defaults(max_tokens=16384, length_buckets="geometric")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs of each form (default 3)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, help="JSON report")
+    args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error("--epochs must be >= 1")
+    if args.max_tokens in ("auto", 0):
+        parser.error("--max-tokens: give a number of tokens per batch (auto is decided by a training probe)")
+    cli.start()
+    config = cli.run_config_from_args(args)
+
+    import keras
+    import numpy as np
+
+    from transformer.data.corpora import load_corpus
+    from transformer.data.pipeline import make_batches, pair_ids, tokenize_mixture, tokenize_pairs
+    from transformer.data.tokenizer import build_or_load_tokenizers
+    from transformer.measure.environment import capture_environment
+
+    keras.utils.set_random_seed(args.seed)
+    corpus = load_corpus(config.data)
+    tokenizers, _ = build_or_load_tokenizers(corpus, config.tokenizer)
+    pairs, max_length = corpus.training_pairs, config.model.max_length
+    started = time.perf_counter()
+    ids = pair_ids(pairs, tokenizers, max_length)
+    ids_s = time.perf_counter() - started
+    streamed = (tokenize_pairs(pairs, tokenizers, max_length) if pairs is corpus.train
+                else tokenize_mixture(pairs, tokenizers, config.pipeline, max_length, args.seed))
+    datasets = {form: make_batches(pairs, tokenizers, config.pipeline, max_length, training=True, seed=args.seed,
+                                   tokenized=ids if form == "plan" else streamed) for form in FORMS}
+    epochs = []
+    for epoch in range(args.epochs):
+        for form in FORMS:
+            started, first, batches, rows, tokens, padded = time.perf_counter(), None, 0, 0, 0, 0
+            for (_, tgt_in), _ in datasets[form].as_numpy_iterator():
+                first = time.perf_counter() - started if first is None else first
+                batches, rows = batches + 1, rows + tgt_in.shape[0]
+                tokens, padded = tokens + int(np.count_nonzero(tgt_in)), padded + tgt_in.size
+            seconds = time.perf_counter() - started
+            cell = dict(form=form, epoch=epoch, batches=batches, pairs=rows, seconds=seconds, first_batch_s=first,
+                        batches_per_s=batches / seconds, pairs_per_s=rows / seconds,
+                        tgt_padding=1 - tokens / padded if padded else 0.0)
+            epochs.append(cell)
+            print(f"epoch {epoch} {form}: {batches} batches, {rows:,} pairs in {seconds:.2f} s: "
+                  f"{cell['batches_per_s']:,.1f} batches/s, {cell['pairs_per_s']:,.0f} pairs/s, first batch "
+                  f"{first or 0:.2f} s, target padding {cell['tgt_padding']:.1%}", flush=True)
+    best = {form: max(c["batches_per_s"] for c in epochs if c["form"] == form) for form in FORMS}
+    print(f"\nids in memory built in {ids_s:.1f} s ({sum(ids.sizes):,} pairs)\n\n"
+          "| form | best batches/s | best pairs/s |\n|---|---|---|")
+    for form in FORMS:
+        pairs_s = max(c["pairs_per_s"] for c in epochs if c["form"] == form)
+        print(f"| {form} | {best[form]:,.1f} | {pairs_s:,.0f} |")
+    print(f"plan ÷ stream: {best['plan'] / best['stream']:.1f}×")
+    if args.output:
+        report = dict(command=" ".join(sys.argv), pipeline=config.pipeline.__dict__, ids_build_s=ids_s,
+                      pairs=sum(ids.sizes), epochs=epochs, best_batches_per_s=best, environment=capture_environment())
+        atomic.write_json(args.output, report, default=str)
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
