@@ -92,6 +92,7 @@ def test_pair_ids_are_the_streamed_ids_of_every_part(bible_tokenizers, tmp_path)
     tokenizers = bible_tokenizers.tokenizers
     ids = pair_ids(corpus.training_pairs, tokenizers, max_length=12)
     assert ids.sizes == (30, 10) and ids.shares == (30, 5)
+    assert all(t.device.endswith("CPU:0") for t in (ids.src.flat_values, ids.src.row_splits, ids.tgt.flat_values))
     streamed = [(list(s), list(t)) for part in corpus.training_pairs.parts
                 for s, t in tokenize_pairs(part.pairs, tokenizers, 12).as_numpy_iterator()]
     assert list(zip(ids.src.to_list(), ids.tgt.to_list())) == streamed

@@ -67,10 +67,11 @@ def tokenize_part(pairs: tf.data.Dataset, segment_src, segment_tgt, max_length: 
     for src, tgt in pairs.batch(TOKENIZE_BATCH).map(tokenize, num_parallel_calls=AUTOTUNE):
         srcs.append(src)
         tgts.append(tgt)
-    if not srcs:
-        empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))
-        return empty, empty
-    return tf.concat(srcs, axis=0), tf.concat(tgts, axis=0)
+    with tf.device("/CPU:0"):  # host memory, where tf.data reads it (eager ops would pick a GPU)
+        if not srcs:
+            empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))
+            return empty, empty
+        return tf.concat(srcs, axis=0), tf.concat(tgts, axis=0)
 
 
 def epoch_order(seed: tf.Tensor, sizes: tuple[int, ...], shares: tuple[int, ...]) -> tf.Tensor:
@@ -120,7 +121,8 @@ def planned_batches(ids: PairIds, grid: list[int], rows: list[int], seed: Option
     grid / rows: the padded lengths and rows per batch (`pipeline.length_grid`,
     `pipeline.rows_per_batch`). seed: with the global seed, fixes the sequence of epochs.
     """
-    lengths = ids.lengths
+    with tf.device("/CPU:0"):
+        lengths = ids.lengths
 
     def plan(epoch_seed):
         order = epoch_order(epoch_seed, ids.sizes, ids.shares)

@@ -145,7 +145,8 @@ def pair_ids(pairs: tf.data.Dataset | Mixture, tokenizers, max_length: int) -> P
         tgts.append(tgt)
         sizes.append(size)
         shares.append(max(1, round(weight * size)) if size else 0)
-    return PairIds(tf.concat(srcs, axis=0), tf.concat(tgts, axis=0), tuple(sizes), tuple(shares))
+    with tf.device("/CPU:0"):  # host memory, where tf.data reads it
+        return PairIds(tf.concat(srcs, axis=0), tf.concat(tgts, axis=0), tuple(sizes), tuple(shares))
 
 
 def tokenize_mixture(mixture: Mixture, tokenizers, config: PipelineConfig, max_length: int,
