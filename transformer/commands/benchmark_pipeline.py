@@ -43,12 +43,12 @@ def main(argv=None) -> int:
     config = cli.run_config_from_args(args)
 
     import keras
-    import numpy as np
 
     from transformer.data.corpora import load_corpus
-    from transformer.data.pipeline import make_batches, pair_ids, tokenize_mixture, tokenize_pairs
+    from transformer.data.pipeline import make_batches, pair_ids
     from transformer.data.tokenizer import build_or_load_tokenizers
     from transformer.measure.environment import capture_environment
+    from transformer.measure.input_pass import time_pass
 
     keras.utils.set_random_seed(args.seed)
     corpus = load_corpus(config.data)
@@ -57,26 +57,22 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     ids = pair_ids(pairs, tokenizers, max_length)
     ids_s = time.perf_counter() - started
-    streamed = (tokenize_pairs(pairs, tokenizers, max_length) if pairs is corpus.train
-                else tokenize_mixture(pairs, tokenizers, config.pipeline, max_length, args.seed))
     datasets = {form: make_batches(pairs, tokenizers, config.pipeline, max_length, training=True, seed=args.seed,
-                                   tokenized=ids if form == "plan" else streamed) for form in FORMS}
+                                   tokenized=ids if form == "plan" else None)  # None: the stream, cached
+                for form in FORMS}
     epochs = []
     for epoch in range(args.epochs):
         for form in FORMS:
-            started, first, batches, rows, tokens, padded = time.perf_counter(), None, 0, 0, 0, 0
-            for (_, tgt_in), _ in datasets[form].as_numpy_iterator():
-                first = time.perf_counter() - started if first is None else first
-                batches, rows = batches + 1, rows + tgt_in.shape[0]
-                tokens, padded = tokens + int(np.count_nonzero(tgt_in)), padded + tgt_in.size
-            seconds = time.perf_counter() - started
-            cell = dict(form=form, epoch=epoch, batches=batches, pairs=rows, seconds=seconds, first_batch_s=first,
-                        batches_per_s=batches / seconds, pairs_per_s=rows / seconds,
-                        tgt_padding=1 - tokens / padded if padded else 0.0)
+            timed = time_pass(datasets[form])
+            seconds, padded = timed["wall_s"], timed["target_padded"]
+            cell = dict(form=form, epoch=epoch, batches=timed["batches"], pairs=timed["rows"], seconds=seconds,
+                        cpu_s=timed["cpu_s"], first_batch_s=timed["first_batch_s"],
+                        batches_per_s=timed["batches"] / seconds, pairs_per_s=timed["rows"] / seconds,
+                        tgt_padding=1 - timed["target_tokens"] / padded if padded else 0.0)
             epochs.append(cell)
-            print(f"epoch {epoch} {form}: {batches} batches, {rows:,} pairs in {seconds:.2f} s: "
+            print(f"epoch {epoch} {form}: {cell['batches']} batches, {cell['pairs']:,} pairs in {seconds:.2f} s: "
                   f"{cell['batches_per_s']:,.1f} batches/s, {cell['pairs_per_s']:,.0f} pairs/s, first batch "
-                  f"{first or 0:.2f} s, target padding {cell['tgt_padding']:.1%}", flush=True)
+                  f"{cell['first_batch_s'] or 0:.2f} s, target padding {cell['tgt_padding']:.1%}", flush=True)
     best = {form: max(c["batches_per_s"] for c in epochs if c["form"] == form) for form in FORMS}
     print(f"\nids in memory built in {ids_s:.1f} s ({sum(ids.sizes):,} pairs)\n\n"
           "| form | best batches/s | best pairs/s |\n|---|---|---|")

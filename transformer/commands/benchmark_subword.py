@@ -16,24 +16,10 @@ CPU seconds are what the pipeline takes from the cores a training step would use
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 from transformer.base import atomic, cli
 from transformer.base.errors import ConfigError, command
-
-
-def _time_pass(dataset) -> dict:
-    """Reads one pass of `dataset`: wall and CPU seconds, batches, real target tokens."""
-    import tensorflow as tf
-
-    wall, cpu = time.perf_counter(), time.process_time()
-    batches = tokens = 0
-    for _, tgt_out in dataset:
-        batches += 1
-        tokens += int(tf.math.count_nonzero(tgt_out))
-    return dict(wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu, batches=batches,
-                target_tokens=tokens)
 
 
 @command
@@ -55,6 +41,7 @@ def main(argv=None) -> int:
     from transformer.data.pipeline import make_batches
     from transformer.data.tokenizer import build_or_load_tokenizers
     from transformer.measure.environment import capture_environment
+    from transformer.measure.input_pass import time_pass
 
     corpus = load_corpus(config.data)
     tokenizers, directory = build_or_load_tokenizers(corpus, config.tokenizer)
@@ -66,8 +53,8 @@ def main(argv=None) -> int:
         for name, variant in variants.items():
             batches = make_batches(corpus.training_pairs, tokenizers, variant, args.max_length, training=True,
                                    seed=round_index)
-            _time_pass(batches)  # the first pass (deterministic: fills the id cache)
-            second = _time_pass(batches)
+            time_pass(batches)  # the first pass (deterministic: fills the id cache)
+            second = time_pass(batches)
             results[name].append(second)
             print(f"round {round_index + 1} {name:13s} second pass: {second['wall_s']:.1f} s wall, "
                   f"{second['cpu_s']:.1f} s CPU, {second['batches']} batches, {second['target_tokens']:,} "

@@ -49,13 +49,15 @@ class PairIds:
 
     @property
     def lengths(self) -> tf.Tensor:
-        """[pairs] int32: the padded length each pair needs, max(src_len, tgt_len − 1)."""
-        return tf.cast(tf.maximum(self.src.row_lengths(), self.tgt.row_lengths() - 1), tf.int32)
+        """[pairs] int32: the padded length each pair needs, max(src_len, tgt_len − 1), on the host."""
+        with tf.device("/CPU:0"):
+            return tf.cast(tf.maximum(self.src.row_lengths(), self.tgt.row_lengths() - 1), tf.int32)
 
 
-def tokenize_part(pairs: tf.data.Dataset, segment_src, segment_tgt, max_length: int) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
-    """(src, tgt) ragged int32 ids of a dataset of (src, tgt) string pairs, truncated as the stream
-    pipeline truncates (`max_length` source tokens, `max_length + 1` target tokens).
+def tokenize_part(pairs: tf.data.Dataset, segment_src, segment_tgt, max_length: int) -> list[tuple]:
+    """(src, tgt) ragged int32 ids of a dataset of (src, tgt) string pairs, one tuple per
+    `TOKENIZE_BATCH` pairs, truncated as the stream pipeline truncates (`max_length` source
+    tokens, `max_length + 1` target tokens).
 
     segment_*: [batch] tf.string → [batch, (tokens)] ids (a tokenizer's `tokenize`).
     """
@@ -63,15 +65,17 @@ def tokenize_part(pairs: tf.data.Dataset, segment_src, segment_tgt, max_length: 
         return (tf.cast(segment_src(src)[:, :max_length], tf.int32),
                 tf.cast(segment_tgt(tgt)[:, : max_length + 1], tf.int32))
 
-    srcs, tgts = [], []
-    for src, tgt in pairs.batch(TOKENIZE_BATCH).map(tokenize, num_parallel_calls=AUTOTUNE):
-        srcs.append(src)
-        tgts.append(tgt)
-    with tf.device("/CPU:0"):  # host memory, where tf.data reads it (eager ops would pick a GPU)
-        if not srcs:
+    return list(pairs.batch(TOKENIZE_BATCH).map(tokenize, num_parallel_calls=AUTOTUNE))
+
+
+def join_parts(pieces: list[tuple]) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
+    """(src, tgt) of all `tokenize_part` pieces, in order, in host memory (where tf.data reads
+    them; eager ops would otherwise pick a GPU)."""
+    with tf.device("/CPU:0"):
+        if not pieces:
             empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), tf.zeros([0], tf.int64))
             return empty, empty
-        return tf.concat(srcs, axis=0), tf.concat(tgts, axis=0)
+        return tf.concat([src for src, _ in pieces], axis=0), tf.concat([tgt for _, tgt in pieces], axis=0)
 
 
 def epoch_order(seed: tf.Tensor, sizes: tuple[int, ...], shares: tuple[int, ...]) -> tf.Tensor:
@@ -121,8 +125,7 @@ def planned_batches(ids: PairIds, grid: list[int], rows: list[int], seed: Option
     grid / rows: the padded lengths and rows per batch (`pipeline.length_grid`,
     `pipeline.rows_per_batch`). seed: with the global seed, fixes the sequence of epochs.
     """
-    with tf.device("/CPU:0"):
-        lengths = ids.lengths
+    lengths = ids.lengths
 
     def plan(epoch_seed):
         order = epoch_order(epoch_seed, ids.sizes, ids.shares)

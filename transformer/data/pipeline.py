@@ -47,7 +47,7 @@ from typing import Optional
 import tensorflow as tf
 
 from transformer.base.config import PipelineConfig, parse_length_buckets
-from transformer.data.epoch_plan import PairIds, planned_batches, tokenize_part
+from transformer.data.epoch_plan import PairIds, join_parts, planned_batches, tokenize_part
 from transformer.data.mixing import Mixture
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -133,20 +133,17 @@ def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: s
 
 def pair_ids(pairs: tf.data.Dataset | Mixture, tokenizers, max_length: int) -> PairIds:
     """The ids of every training pair in memory (`epoch_plan.PairIds`), part after part, with
-    each part's pairs per epoch (a plain dataset: one part of weight 1)."""
+    each part's pairs per epoch (`MixturePart.share`; a plain dataset: all its pairs)."""
     parts = pairs.parts if isinstance(pairs, Mixture) else None
-    streams = [part.pairs for part in parts] if parts else [pairs]
-    weights = [part.weight for part in parts] if parts else [1.0]
-    srcs, tgts, sizes, shares = [], [], [], []
-    for stream, weight in zip(streams, weights):
-        src, tgt = tokenize_part(stream, tokenizers.src.tokenize, tokenizers.tgt.tokenize, max_length)
-        size = int(src.nrows())
-        srcs.append(src)
-        tgts.append(tgt)
+    pieces, sizes, shares = [], [], []
+    for index, stream in enumerate([part.pairs for part in parts] if parts else [pairs]):
+        part_pieces = tokenize_part(stream, tokenizers.src.tokenize, tokenizers.tgt.tokenize, max_length)
+        size = sum(int(src.nrows()) for src, _ in part_pieces)
+        pieces += part_pieces
         sizes.append(size)
-        shares.append(max(1, round(weight * size)) if size else 0)
-    with tf.device("/CPU:0"):  # host memory, where tf.data reads it
-        return PairIds(tf.concat(srcs, axis=0), tf.concat(tgts, axis=0), tuple(sizes), tuple(shares))
+        shares.append(parts[index].share if parts else size)
+    src, tgt = join_parts(pieces)
+    return PairIds(src, tgt, tuple(sizes), tuple(shares))
 
 
 def tokenize_mixture(mixture: Mixture, tokenizers, config: PipelineConfig, max_length: int,
