@@ -104,3 +104,24 @@ def test_pair_ids_are_the_streamed_ids_of_every_part(bible_tokenizers, tmp_path)
     assert {src.shape for (src, _), _ in batches} <= {(r, n) for r, n in zip(rows, grid)}
     with pytest.raises(ValueError, match="evaluation batches stream"):
         make_batches(corpus.training_pairs, tokenizers, config, 12, training=False, tokenized=ids)
+
+
+def test_training_batches_choose_the_planned_or_the_streamed_form(bible_tokenizers, tmp_path):
+    from transformer.base.cli import run_config_from_args
+    from transformer.commands.train import parse_args
+    from transformer.training.training_data import tokenized_training_pairs
+
+    planned = run_config_from_args(parse_args([]))
+    streamed = run_config_from_args(parse_args(["--training-batches", "streamed"]))
+    assert planned.pipeline.training_batches == "planned" and streamed.pipeline.training_batches == "streamed"
+    with pytest.raises(SystemExit):
+        parse_args(["--training-batches", "shuffled"])
+    with pytest.raises(ValueError, match="training_batches"):
+        PipelineConfig(training_batches="shuffled").validate()
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    assert isinstance(tokenized_training_pairs(corpus, tokenizers, planned), PairIds)
+    stream = tokenized_training_pairs(corpus, tokenizers, streamed)
+    assert isinstance(stream, tf.data.Dataset)
+    ids = tokenized_training_pairs(corpus, tokenizers, planned)
+    first = [(list(s), list(t)) for s, t in stream.take(5).as_numpy_iterator()]
+    assert first == list(zip(ids.src[:5].to_list(), ids.tgt[:5].to_list()))  # the same ids, in corpus order

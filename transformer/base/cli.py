@@ -46,6 +46,7 @@ from transformer.base.constants import (
     STRATEGIES,
     TIE_EMBEDDINGS,
     TOKENIZER_ALGORITHMS,
+    TRAINING_BATCHES,
     XLA_MODES,
 )
 from transformer.base.errors import ArtifactError, ConfigError
@@ -232,6 +233,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--subword-nbest", type=int, metavar="N",
                        help="sample among the N best segmentations (-1: all; default 64)")
     group.add_argument("--cache", help="'memory' or a file path prefix for tf.data's file cache")
+    group.add_argument("--training-batches", choices=TRAINING_BATCHES,
+                       help="planned (default): with the memory cache and no --subword-alpha, each epoch's batches "
+                            "are planned at once from the ids in memory (one full shuffle; cheap enough to feed a "
+                            "GPU); streamed: tf.data's shuffle buffer and bucketing over the cached stream")
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:
@@ -373,7 +378,8 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
     pipeline = _pick(args, {"kind": "pipeline_kind", "batch_size": "batch_size", "max_tokens": "max_tokens",
                             "shuffle_buffer": "shuffle_buffer", "cache": "cache",
                             "bucket_width": "bucket_width", "length_buckets": "length_buckets",
-                            "subword_alpha": "subword_alpha", "subword_nbest": "subword_nbest"})
+                            "subword_alpha": "subword_alpha", "subword_nbest": "subword_nbest",
+                            "training_batches": "training_batches"})
     if pipeline.get("max_tokens") == 0:
         pipeline["max_tokens"] = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})

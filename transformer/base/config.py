@@ -36,6 +36,7 @@ from transformer.base.constants import (
     STRATEGIES,
     TIE_EMBEDDINGS,
     TOKENIZER_ALGORITHMS,
+    TRAINING_BATCHES,
     XLA_CACHE_MODES,
     one_of,
 )
@@ -244,6 +245,10 @@ class PipelineConfig:
     which compiles one program per shape; evaluation batches are then padded to full rows too);
     or explicit lengths "16,32,64,128". "auto": geometric when the train step is XLA-compiled,
     else width (resolved by training and saved in config.json).
+    training_batches: "planned": with the memory cache and no subword sampling, each epoch's
+    batches are planned at once from the ids in memory (`epoch_plan`: one full shuffle, then
+    the batches bucketing makes); "streamed": tf.data's shuffle buffer and
+    `bucket_by_sequence_length` over the cached stream (what file caches and sampling use).
     """
 
     kind: str = "optimized"
@@ -259,6 +264,7 @@ class PipelineConfig:
     # 0: off, the one best segmentation, as in evaluation and export.
     subword_alpha: float = 0.0
     subword_nbest: int = 64
+    training_batches: str = "planned"  # planned | streamed (see the docstring)
 
     @property
     def sampling(self) -> Optional[tuple[int, float]]:
@@ -270,6 +276,8 @@ class PipelineConfig:
             raise ValueError(f"pipeline.subword_alpha must be >= 0 (0 = no sampling), got {self.subword_alpha}")
         if self.subword_nbest != -1 and self.subword_nbest < 2:
             raise ValueError(f"pipeline.subword_nbest must be -1 (the whole lattice) or >= 2, got {self.subword_nbest}")
+        if self.training_batches not in TRAINING_BATCHES:
+            raise ValueError(f"pipeline.training_batches must be {one_of(TRAINING_BATCHES)}, got {self.training_batches!r}")
         if self.kind not in PIPELINE_KINDS:
             raise ValueError(f"pipeline.kind must be {one_of(PIPELINE_KINDS)}, got {self.kind!r}")
         if self.batch_size <= 0:

@@ -32,7 +32,8 @@ from transformer.runtime.precision import XlaWorkload
 
 def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
     """The training pairs tokenized once: their ids in memory (`pipeline.pair_ids`), or with a
-    file cache or subword sampling a cached stream (`pipeline.tokenize_pairs`); None when naive.
+    file cache, subword sampling or `--training-batches streamed` a cached stream
+    (`pipeline.tokenize_pairs`); None when naive.
 
     Shared by `count_batches` and `make_datasets`, so that counting the batches of an epoch
     fills the cache the training pipeline then reads (the split is tokenized once, not twice;
@@ -43,7 +44,8 @@ def tokenized_training_pairs(corpus, tokenizers, config: RunConfig):
     if config.pipeline.kind != "optimized":
         return None
     pairs = corpus.training_pairs
-    if config.pipeline.cache == "memory" and config.pipeline.sampling is None:
+    planned = config.pipeline.training_batches == "planned"
+    if planned and config.pipeline.cache == "memory" and config.pipeline.sampling is None:
         return pair_ids(pairs, tokenizers, config.model.max_length)  # training batches planned per epoch
     if pairs is corpus.train:
         return tokenize_pairs(pairs, tokenizers, config.model.max_length, config.pipeline.cache,
