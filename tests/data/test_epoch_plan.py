@@ -119,9 +119,9 @@ def test_training_batches_choose_the_planned_or_the_streamed_form(bible_tokenize
     with pytest.raises(ValueError, match="training_batches"):
         PipelineConfig(training_batches="shuffled").validate()
     corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
-    assert isinstance(tokenized_training_pairs(corpus, tokenizers, planned), PairIds)
+    ids = tokenized_training_pairs(corpus, tokenizers, planned)
+    assert isinstance(ids, PairIds)
     stream = tokenized_training_pairs(corpus, tokenizers, streamed)
     assert isinstance(stream, tf.data.Dataset)
-    ids = tokenized_training_pairs(corpus, tokenizers, planned)
     first = [(list(s), list(t)) for s, t in stream.take(5).as_numpy_iterator()]
     assert first == list(zip(ids.src[:5].to_list(), ids.tgt[:5].to_list()))  # the same ids, in corpus order
