@@ -7,7 +7,8 @@ Loads the corpus and tokenizers as scripts/train.py does (same data, tokenizer a
 flags; the tokenizer cache is used), then times `--epochs` whole epochs of training batches of
 each form, alternating: "stream" (tf.data cache, mixture sampling, shuffle buffer,
 `bucket_by_sequence_length`: transformer/data/pipeline.py) and "plan" (a whole epoch planned
-with vectorized ops: transformer/data/epoch_plan.py, what training uses for ids in memory).
+with vectorized ops: transformer/data/epoch_plan.py, what training uses for ids in memory);
+`--training-batches streamed|planned` times only the form it names.
 Per epoch: batches/s, pairs/s, the wait for its first batch, and the padding of target
 batches. A train step of S seconds needs 1/S batches/s: an H100 XLA step of 16,384 tokens
 (~16 ms) needs ~64. Defaults: 16,384 tokens, the geometric grid (what XLA runs get).
@@ -22,6 +23,7 @@ from transformer.base import atomic, cli
 from transformer.base.errors import command
 
 FORMS = ("stream", "plan")
+FORM_OF_FLAG = {"streamed": "stream", "planned": "plan"}  # --training-batches -> the form it names
 
 
 @command
@@ -57,12 +59,13 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     ids = pair_ids(pairs, tokenizers, max_length)
     ids_s = time.perf_counter() - started
+    forms = (FORM_OF_FLAG[args.training_batches],) if args.training_batches else FORMS
     datasets = {form: make_batches(pairs, tokenizers, config.pipeline, max_length, training=True, seed=args.seed,
                                    tokenized=ids if form == "plan" else None)  # None: the stream, cached
-                for form in FORMS}
+                for form in forms}
     epochs = []
     for epoch in range(args.epochs):
-        for form in FORMS:
+        for form in forms:
             timed = time_pass(datasets[form])
             seconds, padded = timed["wall_s"], timed["target_padded"]
             cell = dict(form=form, epoch=epoch, batches=timed["batches"], pairs=timed["rows"], seconds=seconds,
@@ -73,13 +76,14 @@ def main(argv=None) -> int:
             print(f"epoch {epoch} {form}: {cell['batches']} batches, {cell['pairs']:,} pairs in {seconds:.2f} s: "
                   f"{cell['batches_per_s']:,.1f} batches/s, {cell['pairs_per_s']:,.0f} pairs/s, first batch "
                   f"{cell['first_batch_s'] or 0:.2f} s, target padding {cell['tgt_padding']:.1%}", flush=True)
-    best = {form: max(c["batches_per_s"] for c in epochs if c["form"] == form) for form in FORMS}
+    best = {form: max(c["batches_per_s"] for c in epochs if c["form"] == form) for form in forms}
     print(f"\nids in memory built in {ids_s:.1f} s ({sum(ids.sizes):,} pairs)\n\n"
           "| form | best batches/s | best pairs/s |\n|---|---|---|")
-    for form in FORMS:
+    for form in forms:
         pairs_s = max(c["pairs_per_s"] for c in epochs if c["form"] == form)
         print(f"| {form} | {best[form]:,.1f} | {pairs_s:,.0f} |")
-    print(f"plan ÷ stream: {best['plan'] / best['stream']:.1f}×")
+    if len(forms) == 2:
+        print(f"plan ÷ stream: {best['plan'] / best['stream']:.1f}×")
     if args.output:
         report = dict(command=" ".join(sys.argv), pipeline=config.pipeline.__dict__, ids_build_s=ids_s,
                       pairs=sum(ids.sizes), epochs=epochs, best_batches_per_s=best, environment=capture_environment())
