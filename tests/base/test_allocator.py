@@ -30,6 +30,9 @@ print(json.dumps({"peak": peak, "state": allocator_state()}))
 def _in_new_process(env_value: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (allocator.USE_BFC_VAR, allocator.LIMIT_VAR)}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    # oneDNN's ops off: with them on (TensorFlow's default on CPUs with AVX512, e.g. an EPYC Zen 5) the CPU
+    # device's allocator is oneDNN's, which pools large blocks and keeps statistics whatever the variable says
+    env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     if env_value is not None:
         env[allocator.USE_BFC_VAR] = env_value
     out = subprocess.run([sys.executable, "-c", PROCESS], env=env, capture_output=True, text=True, timeout=300)
