@@ -174,7 +174,9 @@ class ModelConfig:
     d_model: int = 256
     num_heads: int = 8
     dff: int = 1024
-    dropout_rate: float = 0.1
+    # 0.2 from epoch train.dropout_from_epoch: a 30-minute run on a fast BF16 CPU passes over the pairs 8 times
+    # and overfits with 0.1 (docs/recipes.md, 'Dropout 0.2 from epoch 3')
+    dropout_rate: float = 0.2
     head_width: str = "paper"
     max_length: int = 128  # tokens per sequence, including [START]/[END]
     src_vocab_size: int = 0  # filled in from the tokenizers
