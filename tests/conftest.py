@@ -113,15 +113,21 @@ def tiny_run(bible_tokenizers, tmp_path_factory) -> Path:
     return run
 
 
-def tiny_train_argv(bible_tokenizers, output, *extra: str, steps: int = TINY_RUN_STEPS) -> list[str]:
-    """`scripts/train.py` flags of a tiny run (1 layer, d_model 16, one epoch of `steps` steps, float32) on the
-    session tokenizers' corpus slice, into `output`, then `extra`."""
+def bible_slice_argv(bible_tokenizers) -> list[str]:
+    """Data and tokenizer flags of the session tokenizers' corpus slice (any command that takes them
+    reuses those tokenizers). The training files are named explicitly: the same tokenizer key, no
+    validation split to compile."""
     data = bible_tokenizers.data_config
-    # The training files named explicitly: the same tokenizer key, no validation split to compile.
     return ["--train-src", f"{data.data_dir}/train.pt", "--train-tgt", f"{data.data_dir}/train.en",
             "--max-train-examples", str(data.max_train_examples),
             "--max-val-examples", str(data.max_val_examples), "--vocab-size", str(bible_tokenizers.config.vocab_size),
-            "--lower-case", "--tokenizers-root", bible_tokenizers.config.root,
+            "--lower-case", "--tokenizers-root", bible_tokenizers.config.root]
+
+
+def tiny_train_argv(bible_tokenizers, output, *extra: str, steps: int = TINY_RUN_STEPS) -> list[str]:
+    """`scripts/train.py` flags of a tiny run (1 layer, d_model 16, one epoch of `steps` steps, float32) on the
+    session tokenizers' corpus slice, into `output`, then `extra`."""
+    return [*bible_slice_argv(bible_tokenizers),
             "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32", "--max-length", "24",
             "--max-tokens", "512", "--epochs", "1", "--steps-per-epoch", str(steps),
             "--bleu-sentences", "0", "--device", "cpu", "--mixed-precision", "off",

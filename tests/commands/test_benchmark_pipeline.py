@@ -3,15 +3,11 @@
 
 import json
 
-from conftest import script_main
+from conftest import bible_slice_argv, script_main
 
 
 def _argv(bible_tokenizers, output, *extra):
-    data = bible_tokenizers.data_config
-    return ["--train-src", f"{data.data_dir}/train.pt", "--train-tgt", f"{data.data_dir}/train.en",
-            "--max-train-examples", str(data.max_train_examples), "--vocab-size",
-            str(bible_tokenizers.config.vocab_size), "--lower-case", "--tokenizers-root",
-            bible_tokenizers.config.root, "--max-tokens", "512", "--epochs", "1", "--output", str(output), *extra]
+    return [*bible_slice_argv(bible_tokenizers), "--max-tokens", "512", "--epochs", "1", "--output", str(output), *extra]
 
 
 def test_both_forms_by_default_and_only_the_named_one_with_the_flag(bible_tokenizers, tmp_path):
