@@ -1,5 +1,5 @@
 """transformer-benchmark-pipeline: times both training-batch forms, or only the one
-`--training-batches` names."""
+`--training-batches` names, building the ids in memory only for the plan."""
 
 import json
 
@@ -24,3 +24,4 @@ def test_both_forms_by_default_and_only_the_named_one_with_the_flag(bible_tokeni
         report = json.loads(output.read_text())
         assert [cell["form"] for cell in report["epochs"]] == [form]
         assert list(report["best_batches_per_s"]) == [form]
+        assert (report["ids_build_s"] is None) == (form == "stream")  # only the plan builds ids in memory

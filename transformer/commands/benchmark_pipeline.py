@@ -8,7 +8,8 @@ flags; the tokenizer cache is used), then times `--epochs` whole epochs of train
 each form, alternating: "stream" (tf.data cache, mixture sampling, shuffle buffer,
 `bucket_by_sequence_length`: transformer/data/pipeline.py) and "plan" (a whole epoch planned
 with vectorized ops: transformer/data/epoch_plan.py, what training uses for ids in memory);
-`--training-batches streamed|planned` times only the form it names.
+`--training-batches streamed|planned` times only the form it names (streamed alone builds no
+ids in memory: the report's `ids_build_s` and `pairs` are then null).
 Per epoch: batches/s, pairs/s, the wait for its first batch, and the padding of target
 batches. A train step of S seconds needs 1/S batches/s: an H100 XLA step of 16,384 tokens
 (~16 ms) needs ~64. Defaults: 16,384 tokens, the geometric grid (what XLA runs get).
@@ -56,10 +57,12 @@ def main(argv=None) -> int:
     corpus = load_corpus(config.data)
     tokenizers, _ = build_or_load_tokenizers(corpus, config.tokenizer)
     pairs, max_length = corpus.training_pairs, config.model.max_length
-    started = time.perf_counter()
-    ids = pair_ids(pairs, tokenizers, max_length)
-    ids_s = time.perf_counter() - started
     forms = (FORM_OF_FLAG[args.training_batches],) if args.training_batches else FORMS
+    ids = ids_s = None  # the ids in memory: only the plan reads them
+    if "plan" in forms:
+        started = time.perf_counter()
+        ids = pair_ids(pairs, tokenizers, max_length)
+        ids_s = time.perf_counter() - started
     datasets = {form: make_batches(pairs, tokenizers, config.pipeline, max_length, training=True, seed=args.seed,
                                    tokenized=ids if form == "plan" else None)  # None: the stream, cached
                 for form in forms}
@@ -77,8 +80,9 @@ def main(argv=None) -> int:
                   f"{cell['batches_per_s']:,.1f} batches/s, {cell['pairs_per_s']:,.0f} pairs/s, first batch "
                   f"{cell['first_batch_s'] or 0:.2f} s, target padding {cell['tgt_padding']:.1%}", flush=True)
     best = {form: max(c["batches_per_s"] for c in epochs if c["form"] == form) for form in forms}
-    print(f"\nids in memory built in {ids_s:.1f} s ({sum(ids.sizes):,} pairs)\n\n"
-          "| form | best batches/s | best pairs/s |\n|---|---|---|")
+    if ids is not None:
+        print(f"\nids in memory built in {ids_s:.1f} s ({sum(ids.sizes):,} pairs)")
+    print("\n| form | best batches/s | best pairs/s |\n|---|---|---|")
     for form in forms:
         pairs_s = max(c["pairs_per_s"] for c in epochs if c["form"] == form)
         print(f"| {form} | {best[form]:,.1f} | {pairs_s:,.0f} |")
@@ -86,7 +90,8 @@ def main(argv=None) -> int:
         print(f"plan ÷ stream: {best['plan'] / best['stream']:.1f}×")
     if args.output:
         report = dict(command=" ".join(sys.argv), pipeline=config.pipeline.__dict__, ids_build_s=ids_s,
-                      pairs=sum(ids.sizes), epochs=epochs, best_batches_per_s=best, environment=capture_environment())
+                      pairs=sum(ids.sizes) if ids is not None else None, epochs=epochs, best_batches_per_s=best,
+                      environment=capture_environment())
         atomic.write_json(args.output, report, default=str)
         print(f"wrote {args.output}")
     return 0
