@@ -293,3 +293,15 @@ def test_every_command_lets_tensorflow_take_gpu_memory_as_needed(monkeypatch):
     monkeypatch.setenv(cli.GPU_GROWTH_ENV, "false")
     cli.start()
     assert os.environ[cli.GPU_GROWTH_ENV] == "false"
+
+
+def test_model_dtype_reads_an_exports_manifest_without_tensorflow(tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "translator.json").write_text('{"dtype": "bfloat16", "decode": {}}')
+    assert cli.model_dtype(export) == "bfloat16"
+    (export / "translator.json").write_text('{"decode": {}}')  # written before export.py --dtype existed
+    assert cli.model_dtype(export) == "float32"
+    (export / "translator.json").write_text("{not json")  # loading the model reports it, not this
+    assert cli.model_dtype(export) == "float32"
+    assert cli.model_dtype(tmp_path / "a-run-directory") == "float32"

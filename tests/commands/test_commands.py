@@ -108,16 +108,16 @@ from transformer.base import cli
 
 cli.check_versions = lambda *args, **kwargs: None
 results = {}
-for name, argv in json.loads(sys.argv[1]).items():
+for label, (name, argv) in json.loads(sys.argv[1]).items():
     module = importlib.import_module(f"transformer.commands.{name}")
 
-    def record(choice, name=name):
-        results[name] = {"choice": choice, "tf_loaded": "tensorflow" in sys.modules}
+    def record(choice, dtype="float32", label=label):
+        results[label] = {"choice": choice, "dtype": dtype, "tf_loaded": "tensorflow" in sys.modules}
         raise SystemExit(99)
 
     module.configure_onednn = record
     try:
-        module.main(argv + ["--onednn", "off"])
+        module.main(argv)
     except SystemExit:
         pass
 print(json.dumps(results))
@@ -125,10 +125,25 @@ print(json.dumps(results))
 DECODING_COMMANDS = ("translate", "evaluate", "serve", "benchmark_decoding", "benchmark_serving")
 
 
-def test_decoding_commands_set_onednn_before_tensorflow_loads():
-    argv = {name: ARGV[name] for name in DECODING_COMMANDS}
-    result = subprocess.run([sys.executable, "-c", ONEDNN_CHILD, json.dumps(argv)], capture_output=True, text=True,
+def test_decoding_commands_set_onednn_before_tensorflow_loads(tmp_path):
+    bf16_export = tmp_path / "export-bf16"
+    bf16_export.mkdir()
+    (bf16_export / "translator.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    cases = {name: [name, ARGV[name] + ["--onednn", "off"]] for name in DECODING_COMMANDS}
+    cases |= {f"{name} auto": [name, ARGV[name]] for name in DECODING_COMMANDS}  # the default: auto
+    cases |= {"serve bf16 export": ["serve", [str(bf16_export)]],
+              "translate bf16 export": ["translate", ["--model", str(bf16_export), "olá"]],
+              "benchmark_decoding bf16 engine": ["benchmark_decoding", ["--run", "missing", "--compare", "ctranslate2",
+                                                                        "--ours", "export", "export-bf16"]],
+              "benchmark_decoding bf16 profile": ["benchmark_decoding", ["--run", "missing", "--profile",
+                                                                         "--dtype", "bfloat16"]]}
+    result = subprocess.run([sys.executable, "-c", ONEDNN_CHILD, json.dumps(cases)], capture_output=True, text=True,
                             timeout=120, env=cli.subprocess_env(), cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout.strip().splitlines()[-1])
-    assert results == {name: {"choice": "off", "tf_loaded": False} for name in DECODING_COMMANDS}
+    expected = {name: {"choice": "off", "dtype": "float32", "tf_loaded": False} for name in DECODING_COMMANDS}
+    expected |= {f"{name} auto": {"choice": "auto", "dtype": "float32", "tf_loaded": False} for name in DECODING_COMMANDS}
+    expected |= {label: {"choice": "auto", "dtype": "bfloat16", "tf_loaded": False}
+                 for label in ("serve bf16 export", "translate bf16 export", "benchmark_decoding bf16 engine",
+                               "benchmark_decoding bf16 profile")}
+    assert results == expected

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -36,6 +37,7 @@ from transformer.base.constants import (
     CHECKOUT_DIR,
     CHECKPOINT_CHOICES,
     DEVICES,
+    EXPORT_MANIFEST,
     HEAD_WIDTHS,
     LAYER_NORMS,
     LR_SCALINGS,
@@ -527,8 +529,23 @@ def add_thread_args(parser) -> None:
                        help="TensorFlow ops run at once (default: one per decoding stream, at least one per core; "
                             "0 = TensorFlow's default)")
     group.add_argument("--onednn", choices=ONEDNN_CHOICES, default=ONEDNN_CHOICES[0],
-                       help="TensorFlow's oneDNN ops: default (TensorFlow decides: on with AVX-512 BF16/VNNI or AMX), "
-                            "on or off; set before TensorFlow starts (docs/speed.md, \"oneDNN's ops\")")
+                       help="TensorFlow's oneDNN ops: auto (default: off for a float32 model, TensorFlow's choice for "
+                            "bfloat16), default (TensorFlow decides: on with AVX-512 BF16/VNNI or AMX), on or off; set "
+                            "before TensorFlow starts (docs/speed.md, \"oneDNN's ops\")")
+
+
+def model_dtype(path: str | Path) -> str:
+    """The compute dtype a decoding command's MODEL runs in, read without TensorFlow.
+
+    An export's translator.json names it ("dtype", written by `export.py --dtype`; float32 when
+    absent or unreadable); a run directory decodes in float32.
+    """
+    manifest = Path(path) / EXPORT_MANIFEST
+    try:
+        dtype = json.loads(manifest.read_text()).get("dtype", "float32") if manifest.is_file() else "float32"
+    except (OSError, ValueError, AttributeError):  # not ours to judge here: loading the model reports it
+        return "float32"
+    return dtype if isinstance(dtype, str) else "float32"
 
 
 def check_thread_args(args) -> None:

@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cli.check_thread_args(args)
     cli.start()
-    configure_onednn(args.onednn)  # before TensorFlow loads
+    configure_onednn(args.onednn, _timed_dtype(args))  # before TensorFlow loads
     if sum(map(bool, (args.compare, args.profile, args.streams_probe))) > 1:
         raise ConfigError("--compare, --profile and --streams-probe: choose one")
     for flag in ("streams", "ct2_inter_threads", "ct2_beam_sizes", "chunk_sizes"):
@@ -177,6 +177,16 @@ def _provenance(args, argv, tf, started: float) -> dict:
         "machine": _machine(tf),
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
+
+
+def _timed_dtype(args) -> str:
+    """bfloat16 when any engine this run times computes in bfloat16 (`--onednn auto` then keeps
+    TensorFlow's choice), else float32."""
+    dtypes = {args.dtype if (args.profile or args.streams_probe) else "float32"}
+    if args.compare:
+        dtypes |= {"bfloat16" for name in args.ours if "bf16" in name}
+        dtypes |= {cli.model_dtype(path) for path in args.exports}
+    return "float32" if dtypes == {"float32"} else "bfloat16"
 
 
 def _machine(tf) -> dict:

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     if args.max_wait_ms < 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     cli.start()
-    configure_onednn(args.onednn)  # before TensorFlow loads
+    configure_onednn(args.onednn, cli.model_dtype(args.model))  # before TensorFlow loads
     sentences = _sentences(args.sentences)
 
     from transformer.measure.environment import capture_environment

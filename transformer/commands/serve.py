@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--max-texts ({args.max_texts}) must be <= --max-queue ({args.max_queue}): "
                           "a request that large could never be queued")
     cli.start()
-    configure_onednn(args.onednn)  # before TensorFlow loads
+    configure_onednn(args.onednn, cli.model_dtype(args.model))  # before TensorFlow loads
 
     from transformer.serving.app import ServeLimits
     from transformer.serving.server import BatchingConfig, bind, load_for_serving, serve

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     cli.check_thread_args(args)
     config = cli.decode_config_from_args(args)
     cli.start()
-    configure_onednn(args.onednn)  # before TensorFlow loads
+    configure_onednn(args.onednn, cli.model_dtype(args.model))  # before TensorFlow loads
 
     from tqdm import tqdm
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the tokenizer ops for loading)
 
 from transformer.base import atomic
+from transformer.base.constants import EXPORT_MANIFEST
 from transformer.base.errors import MissingFileError, OutputExistsError
 from transformer.inference.rundir import is_run_dir, translator_from_run
 from transformer.inference.translator import DecodeConfig, as_string_batch
@@ -47,7 +48,7 @@ SERVING_SIGNATURE = "serving_default"
 ATTENTION_SIGNATURE = "attention"
 INPUT_KEY = "sentences"
 OUTPUT_KEY = "translations"
-MANIFEST = "translator.json"
+MANIFEST = EXPORT_MANIFEST
 
 
 def export_translator(translator, path: str | Path, *, overwrite: bool = False, extra: Optional[dict] = None) -> Path:
