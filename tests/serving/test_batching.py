@@ -11,7 +11,7 @@ import threading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.serving.batching import LENGTH_OFFSET, DynamicBatcher, StepBatcher, split_by_length
+from transformer.serving.batching import LENGTH_OFFSET, DynamicBatcher, StepBatcher, split_by_length, split_for_idle
 
 
 def cost(lengths, ends, overhead):
@@ -94,6 +94,43 @@ def test_decoder_streams_decode_runs_at_once_and_each_request_gets_its_own():
     assert most[0] == 2 and len(batcher._threads) == 2  # two runs of at most 2 sentences were decoding at once
     assert answers == [[t.upper() for t in texts] for texts in requests]
     assert batcher.stats["batches"] == 4 and batcher.queued == 0 and not any(thread.is_alive() for thread in batcher._threads)
+
+
+def test_split_for_idle_cuts_only_where_two_runs_at_once_end_sooner():
+    assert split_for_idle([50] * 20) == 10  # 2 × (10 + 29) rows' steps at once against 20 + 29
+    assert split_for_idle([50] * 3) == 0  # the fixed part paid twice: no shorter
+    assert split_for_idle([5] * 10 + [100] * 2) == 10  # the short ones leave the long ones' steps
+    assert split_for_idle([]) == 0 and split_for_idle([7]) == 0
+
+
+def test_a_run_is_shared_with_an_idle_decoding_thread():
+    running, most, lock, gate, calls = [0], [0], threading.Lock(), threading.Event(), []
+
+    def translate(texts):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            calls.append(len(texts))
+        gate.wait(5)  # the second thread takes its part before the first finishes
+        with lock:
+            running[0] -= 1
+        return [t.upper() for t in texts]
+
+    batcher = DynamicBatcher(translate, max_batch=64, max_wait_ms=50, streams=2).start()
+    batcher.ready.wait()
+    texts = [f"{k:03d}" + "x" * 40 for k in range(40)]
+
+    async def client():
+        future = asyncio.ensure_future(batcher.translate(texts))
+        await asyncio.sleep(0.3)
+        gate.set()
+        return await future
+
+    answer = asyncio.run(client())
+    batcher.stop()
+    assert answer == [t.upper() for t in texts]  # in order, whichever thread decoded which part
+    assert most[0] == 2 and sorted(calls) == [20, 20] and batcher.stats["split_runs"] == 1
+    assert batcher.queued == 0
 
 
 class CountingEngine:

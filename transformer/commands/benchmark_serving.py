@@ -94,7 +94,7 @@ def main(argv=None) -> int:
               f"{latency['p99']:.0f} ms; {level['failed_requests']} failed, {level['wrong_translations']} differing "
               f"from offline; decoder busy {level['decoder_busy']:.0%}; "
               + (f"{level['rows_per_step']:.1f} rows per step" if level["rows_per_step"]
-                 else f"mean batch {level['mean_batch']:.1f}"))
+                 else f"mean batch {level['mean_batch']:.1f}, {level['split_runs']} runs shared with an idle thread"))
     print(f"report: {args.output}")
     return 0
 

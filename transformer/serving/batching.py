@@ -23,7 +23,10 @@ queued sentences); one plans at a time. Each turn it
   2. sorts every waiting sentence (of any request) by length and splits them into runs of
      similar length (`split_by_length`: at most `max_batch`, minimising the estimated cost);
   3. decodes the run holding the oldest sentence (so none waits forever), in one `translate`
-     call, and answers every request whose sentences are all translated, in order.
+     call, and answers every request whose sentences are all translated, in order. When
+     another decoding thread is idle, the run is first cut in two by length where that
+     shortens it (`split_for_idle`): this thread decodes the part holding the oldest sentence
+     and the idle one takes the other at once, each on its own core.
 Requests arriving meanwhile join the waiting sentences of the next turn. The event loop only
 waits on futures: it never runs TensorFlow. No TensorFlow here: `translate` is any list of str
 (or bytes) → list of str; the length of a sentence is its number of characters (or bytes).
@@ -86,6 +89,24 @@ def split_by_length(lengths: Sequence[int], max_batch: int, overhead_rows: float
     return ends[::-1]
 
 
+def split_for_idle(lengths: Sequence[int], overhead_rows: float = STEP_OVERHEAD_ROWS, gain: float = 0.9) -> int:
+    """Where to cut one run of ascending `lengths` into two decoded at once on two threads (0: keep it whole).
+
+    A run costs its longest length × (its rows + `overhead_rows`) (as `split_by_length`); two
+    runs at once take the longer of the two. The cut minimising that is taken when it is at most
+    `gain` × the whole run's cost: a step's fixed part is paid twice, so small runs stay whole.
+    """
+    n = len(lengths)
+    whole = (lengths[-1] + LENGTH_OFFSET) * (n + overhead_rows) if n else 0.0
+    best, cut = whole, 0
+    for k in range(1, n):
+        cost = max((lengths[k - 1] + LENGTH_OFFSET) * (k + overhead_rows),
+                   (lengths[-1] + LENGTH_OFFSET) * (n - k + overhead_rows))
+        if cost < best:
+            best, cut = cost, k
+    return cut if best <= gain * whole else 0
+
+
 @dataclass(eq=False)
 class _Job:
     texts: list
@@ -129,12 +150,14 @@ class DynamicBatcher:
         self._pool: list[tuple[_Job, int]] = []  # (job, index) of sentences waiting, oldest first
         self._cond = threading.Condition()
         self._last_run_end = 0.0  # time.monotonic() when the last run was answered
+        self._decoding = 0  # threads with a run planned or being decoded
         self._pending = 0  # sentences accepted and not yet answered (queued or being decoded)
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self.ready = threading.Event()
         self.warmup_error: Optional[BaseException] = None
-        self.stats = {"requests": 0, "sentences": 0, "answered": 0, "batches": 0, "decode_s": 0.0, "rejected": 0, "timed_out": 0}
+        self.stats = {"requests": 0, "sentences": 0, "answered": 0, "batches": 0, "decode_s": 0.0, "rejected": 0, "timed_out": 0,
+                      "split_runs": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self, warmup: Sequence[str] = ()) -> "DynamicBatcher":
@@ -260,9 +283,19 @@ class DynamicBatcher:
             if 0 in order[start:end]:
                 break
             start = end
-        chosen = set(order[start:end])
+        members = order[start:end]  # ascending length
+        with self._cond:
+            idle = self.streams - 1 - self._decoding  # other threads not decoding: waiting to plan
+        if idle > 0:
+            cut = split_for_idle([self._length(window[k]) for k in members], self.overhead_rows)
+            if cut:  # this thread takes the part holding the oldest; the rest waits for an idle one
+                members = members[:cut] if 0 in members[:cut] else members[cut:]
+                self.stats["split_runs"] += 1
+        chosen = set(members)
         run = [window[k] for k in sorted(chosen)]
         self._pool = [item for k, item in enumerate(window) if k not in chosen] + self._pool[len(window):]
+        with self._cond:
+            self._decoding += 1  # claimed before the next thread plans; `_decode` releases it
         return run
 
     @staticmethod
@@ -286,6 +319,7 @@ class DynamicBatcher:
         except Exception as err:  # every request of the run gets the error (HTTP 500)
             error = err
         with self._cond:
+            self._decoding -= 1
             self.stats["batches"] += 1
             self.stats["decode_s"] += time.perf_counter() - started
         self._answer(run, translations, error)

@@ -123,7 +123,7 @@ def benchmark(model: ServedModel, sentences: Sequence[str], concurrency: Sequenc
                 level["rates"].append(rate)
                 level["ratios"].append(rate / offline_rate)
                 level["results"] += [r for client in run["results"] for r in client]
-                for key in ("batches", "sentences", "steps", "row_steps", "decode_s"):
+                for key in ("batches", "sentences", "steps", "row_steps", "decode_s", "split_runs"):
                     level[key] = level.get(key, 0) + server.batcher.stats.get(key, 0) - before.get(key, 0)
                 level["wall_s"] = level.get("wall_s", 0) + run["wall_s"]
 
@@ -135,7 +135,7 @@ def benchmark(model: ServedModel, sentences: Sequence[str], concurrency: Sequenc
         return {"clients": clients, "sentences_per_s": percentile(level["rates"], 50),
                 "vs_offline": percentile(level["ratios"], 50), "per_round": level["rates"],
                 "ratio_per_round": level["ratios"], "requests": len(flat), "failed_requests": len(failed),
-                "wrong_translations": len(wrong), "batches": level["batches"],
+                "wrong_translations": len(wrong), "batches": level["batches"], "split_runs": level["split_runs"],
                 "mean_batch": level["sentences"] / max(level["batches"], 1),
                 "decoder_busy": level["decode_s"] / level["wall_s"],
                 "steps": level["steps"], "rows_per_step": level["row_steps"] / level["steps"] if level["steps"] else None,
