@@ -277,7 +277,8 @@ class DynamicBatcher:
             return []
         window = self._pool[:4 * self.max_batch]  # bounds the planning work
         order = sorted(range(len(window)), key=lambda k: self._length(window[k]))
-        ends = split_by_length([self._length(window[k]) for k in order], self.max_batch, self.overhead_rows)
+        lengths = [self._length(window[k]) for k in order]  # ascending
+        ends = split_by_length(lengths, self.max_batch, self.overhead_rows)
         start = 0
         for end in ends:  # the run holding the oldest sentence, window[0]
             if 0 in order[start:end]:
@@ -287,7 +288,7 @@ class DynamicBatcher:
         with self._cond:
             idle = self.streams - 1 - self._decoding  # other threads not decoding: waiting to plan
         if idle > 0:
-            cut = split_for_idle([self._length(window[k]) for k in members], self.overhead_rows)
+            cut = split_for_idle(lengths[start:end], self.overhead_rows)
             if cut:  # this thread takes the part holding the oldest; the rest waits for an idle one
                 members = members[:cut] if 0 in members[:cut] else members[cut:]
                 self.stats["split_runs"] += 1
