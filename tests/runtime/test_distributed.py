@@ -64,6 +64,7 @@ def run_config(corpus: dict, output_dir: Path, max_length: int = 16, **train) ->
                   "max_length": max_length},
         "pipeline": {"max_tokens": 64, "bucket_width": 8, "shuffle_buffer": 100},
         "train": {"epochs": 2, "steps_per_epoch": 3, "validation_steps": 1, "warmup_steps": 10, "verbose": 0,
+                  "bleu_sentences": 0,  # validation loss only: no untrained model decoding to max_length
                   "probe_peak": False, "device": "cpu", "output_dir": str(output_dir), **train},
     }).validate().to_dict()
 
