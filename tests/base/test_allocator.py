@@ -18,7 +18,8 @@ from transformer.base.allocator import allocator_state, use_caching_allocator
 cli.start()
 use_caching_allocator()
 import tensorflow as tf
-x = tf.ones([256, 256]) * 2.0
+with tf.device("CPU:0"):  # on a GPU machine ops run on the GPU by default
+    x = tf.ones([256, 256]) * 2.0
 try:
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
 except ValueError:

@@ -78,5 +78,6 @@ def test_batch_timer_probes_the_model_device_in_its_compute_dtype(monkeypatch):
     finally:
         keras.mixed_precision.set_global_policy("float32")
     (dtype, device), = asked
-    assert dtype == "bfloat16" and "CPU:0" in device
+    assert dtype == "bfloat16" and device == model.weights[0].value.device  # the CPU here, the GPU on a GPU machine
+    assert device.endswith("GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0")
     assert timer.report.peak_flops == 1e12 and math.isfinite(timer.summary()["peak_flops"])

@@ -1,4 +1,5 @@
-"""Epoch checkpoints on a GPU: at most one per `min_interval_s`, the last epoch's always written."""
+"""Epoch checkpoints on a GPU: the first epoch's, then at most one per `min_interval_s`, the last epoch's
+always written."""
 
 from transformer.training import trainer
 from transformer.training.trainer import GPU_CHECKPOINT_MIN_INTERVAL_S, EpochCheckpoint
@@ -13,8 +14,9 @@ class Saves:
         return f"ckpt-{len(self.epochs)}"
 
 
-def run_epochs(monkeypatch, ends_at, min_interval_s):
-    """Epochs ending at the given wall-clock seconds, then the end of training; returns the epochs saved."""
+def run_epochs(monkeypatch, ends_at, min_interval_s, train_ends=True):
+    """Epochs ending at the given wall-clock seconds, then the end of training (unless the run crashed:
+    `train_ends=False`); returns the epochs saved."""
     now = [0.0]
     monkeypatch.setattr(trainer.time, "perf_counter", lambda: now[0])
     saves = Saves()
@@ -23,7 +25,8 @@ def run_epochs(monkeypatch, ends_at, min_interval_s):
         saver.on_epoch_begin(epoch)
         now[0] = end
         saver.on_epoch_end(epoch)
-    saver.on_train_end()
+    if train_ends:
+        saver.on_train_end()
     return saves.epochs
 
 
@@ -34,7 +37,12 @@ def test_cpu_default_saves_every_epoch(monkeypatch):
 def test_short_gpu_epochs_are_checkpointed_every_interval_and_at_the_end(monkeypatch):
     ends = [3.4 * i for i in range(1, 21)]  # 20 epochs of 3.4 s: 68 s
     saved = run_epochs(monkeypatch, ends, GPU_CHECKPOINT_MIN_INTERVAL_S)
-    assert saved == [9, 18, 20]  # 30.6 s, 61.2 s, then the last epoch when training ends
+    assert saved == [1, 10, 19, 20]  # 3.4 s, 34 s, 64.6 s, then the last epoch when training ends
+
+
+def test_a_run_that_crashes_after_its_first_short_epoch_has_a_checkpoint(monkeypatch):
+    """A NaN or a kill in epoch 3 of 3.4-s epochs: epoch 1's checkpoint is there to resume from."""
+    assert run_epochs(monkeypatch, [3.4, 6.8], GPU_CHECKPOINT_MIN_INTERVAL_S, train_ends=False) == [1]
 
 
 def test_the_last_epoch_is_not_saved_twice(monkeypatch):

@@ -19,7 +19,10 @@ can exceed the steps' wall time; the shares are of device time. Ops of the input
 report measures the input wait. With `--xla` the step is one
 XLA program and the breakdown shows it as `xla`: profile without XLA.
 
-On a GPU the op events above are the host's side of each op (its launch); what the GPU did is
+On a GPU the op events above are the host's side of each op (its launch). TensorFlow counts a
+GPU kernel as cheap and traces cheap ops only at host tracer level 3 (2 by default: a GPU
+step's host plane would have almost no op events), so on a GPU the profiler runs at level 3
+(`StepProfiler(host_tracer_level=...)`). What the GPU did is
 in the trace's `/device:GPU:N` planes, one line per CUDA stream, one event per kernel or copy.
 `gpu_breakdown` adds the report's `profile.gpu`: kernels launched per step, the time the GPU was
 busy (union of its kernel intervals) against the span from first to last kernel, hence the idle
@@ -251,6 +254,11 @@ def latest_trace(log_dir: str | Path, since: float = 0.0) -> Optional[Path]:
     return max(traces, key=lambda p: p.stat().st_mtime) if traces else None
 
 
+# Host tracer level per device: a GPU kernel is a cheap op to TensorFlow (OpKernel::IsExpensive is
+# false on GPUs), traced only from level 3.
+HOST_TRACER_LEVEL = {"cpu": 2, "gpu": 3}
+
+
 class StepProfiler(keras.callbacks.Callback):
     """Profiles training steps `first..last` (1-based, inclusive) into `log_dir`.
 
@@ -262,12 +270,16 @@ class StepProfiler(keras.callbacks.Callback):
         first, last: int. Steps to profile (see `config.parse_profile_steps`).
         log_dir: str or Path. The run's TensorBoard directory.
         report: `StepTimeReport` or None. Where the breakdown goes.
+        host_tracer_level: int. The profiler's host tracer level: 2 (TensorFlow's default, the
+            ops it deems expensive: every CPU kernel of a step) or 3 (cheap ops too: GPU kernels'
+            launches, which TensorFlow deems cheap). `HOST_TRACER_LEVEL[device]`.
     """
 
-    def __init__(self, first: int, last: int, log_dir: str | Path, report=None):
+    def __init__(self, first: int, last: int, log_dir: str | Path, report=None, host_tracer_level: int = 2):
         super().__init__()
         self.first, self.last = first, last
         self.log_dir = Path(log_dir)
+        self.host_tracer_level = host_tracer_level
         self.report = report
         self.result: Optional[dict] = None
         self._step = 0
@@ -286,7 +298,8 @@ class StepProfiler(keras.callbacks.Callback):
 
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._started_wall = time.time()
-            tf.profiler.experimental.start(str(self.log_dir))
+            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.host_tracer_level)
+            tf.profiler.experimental.start(str(self.log_dir), options=options)
             self._active = True
             self._started_at = time.perf_counter()
 

@@ -80,7 +80,7 @@ from transformer.training.depth import resolve_depth
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.init_from import InitSource, open_init_source
 from transformer.training.late_dropout import LateDropout, late_dropout_switch
-from transformer.training.profiling import StepProfiler
+from transformer.training.profiling import HOST_TRACER_LEVEL, StepProfiler
 from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
@@ -102,7 +102,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
     """Saves a RunCheckpoints checkpoint at the end of every epoch (and every `every_steps` steps).
 
     With `min_interval_s`, an epoch's checkpoint is skipped when the last save is more recent
-    than that (seconds of wall time); the last epoch's is then written when training ends.
+    than that (seconds of wall time); the last epoch's is then written when training ends. The
+    first epoch's is always written, so a run that crashes or diverges early still leaves one.
     A mid-epoch checkpoint records the epoch as not finished: resuming from it restarts that
     epoch's data (with the optimizer's step count kept). Use --backup-every-steps for exact
     mid-epoch resumption; these checkpoints are for checkpoint averaging and evaluation.
@@ -117,7 +118,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.min_interval_s = min_interval_s
         self.seconds_spent = 0.0
         self._epoch = 0
-        self._saved_at = time.perf_counter()  # training starts from a checkpoint or from nothing
+        self._saved_at: Optional[float] = None  # perf_counter() of the last save; None: none yet
         self._unsaved_epoch: Optional[int] = None  # an epoch whose checkpoint was skipped
 
     def _save(self, epoch: int) -> str:
@@ -145,7 +146,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             log.info("step %d: checkpoint %s", step, path)
 
     def on_epoch_end(self, epoch, logs=None):
-        if time.perf_counter() - self._saved_at < self.min_interval_s:
+        if self._saved_at is not None and time.perf_counter() - self._saved_at < self.min_interval_s:
             self._unsaved_epoch = epoch + 1
             return
         path = self._save(epoch + 1)
@@ -368,7 +369,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
                             min_interval_s=GPU_CHECKPOINT_MIN_INTERVAL_S if device == "gpu" else 0.0)
     profiler = None
     if config.train.profile_steps:
-        profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
+        profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report,
+                                host_tracer_level=HOST_TRACER_LEVEL[device])
     if interrupts is not None:  # on SIGINT/SIGTERM: save the exact position, then stop
         interrupts.save = (lambda: f"backup {backup.save_now()}") if backup else (
             lambda: f"checkpoint {saver.save_now()} (--resume repeats this epoch's data)")
