@@ -76,6 +76,20 @@ def bible_tokenizers(bible_data_config) -> BuiltTokenizers:
 
 
 
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory):
+    """(translator, path): one tiny random translator (`tiny_translator(DecodeConfig(chunk_size=4))`)
+    and its SavedModel export, made once per test process and shared by the export, stepping and
+    Unicode tests (an export costs ~14 s of CPU). Read-only: a test that writes exports its own."""
+    from helpers_translation import tiny_translator
+
+    from transformer.inference.export import export_translator
+    from transformer.inference.translator import DecodeConfig
+
+    translator = tiny_translator(DecodeConfig(chunk_size=4))
+    return translator, export_translator(translator, tmp_path_factory.mktemp("tiny-export") / "translator")
+
+
 @pytest.fixture
 def tiny_model_config():
     """Factory: `tiny_model_config(**overrides)` → a tiny ModelConfig (2 layers, d_model 16)."""

@@ -43,11 +43,10 @@ def _clean_env():
     return env
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    translator = tiny_translator(DecodeConfig(chunk_size=4))
-    path = export_translator(translator, tmp_path_factory.mktemp("export") / "translator")
-    return translator, path
+@pytest.fixture
+def exported(tiny_export):
+    """(translator, path) of the session's tiny export (conftest)."""
+    return tiny_export
 
 
 def test_fresh_process_with_only_tensorflow_loads_and_matches(exported):

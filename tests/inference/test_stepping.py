@@ -2,9 +2,9 @@
 
 import pytest
 import tensorflow as tf
-from helpers_translation import BAD_INPUTS, tiny_translator
+from helpers_translation import BAD_INPUTS
 
-from transformer.inference.export import export_translator, load_exported
+from transformer.inference.export import load_exported
 from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
 from transformer.inference.translator import DecodeConfig
 
@@ -14,8 +14,11 @@ SENTENCES = ["Deus é amor.", "No princípio era o Verbo.", "E disse Deus: Haja 
 
 
 @pytest.fixture(scope="module")
-def translator():
-    return tiny_translator(DecodeConfig(chunk_size=4), max_length=MAX_LENGTH)
+def translator(tiny_export):
+    """The session's tiny translator (chunks of 4, max_length MAX_LENGTH); its export is tiny_export's."""
+    translator = tiny_export[0]
+    assert translator.model.config.max_length == MAX_LENGTH
+    return translator
 
 
 def drive(decoder, arrivals):
@@ -87,8 +90,8 @@ def test_a_call_stops_once_every_row_has_ended(translator):
     assert ended.numpy()[:, -1].all() and not ended.numpy()[:, -2].all()
 
 
-def test_a_rebuilt_export_decodes_as_the_export(translator, tmp_path):
-    exported = load_exported(export_translator(translator, tmp_path / "export"))
+def test_a_rebuilt_export_decodes_as_the_export(tiny_export):
+    exported = load_exported(tiny_export[1])
     decoder = ContinuousDecoder(translator_from_saved(exported.module, exported.manifest))
     assert decoder.translate(SENTENCES) == exported.translate(SENTENCES)
 

@@ -9,11 +9,8 @@ random (what it translates to does not matter here; that every row comes back do
 from __future__ import annotations
 
 import pytest
-from helpers_translation import tiny_translator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from transformer.inference.translator import DecodeConfig
 
 SPECIAL = [
     "",
@@ -36,15 +33,15 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
 
 
 @pytest.fixture(scope="module")
-def translator():
-    return tiny_translator(DecodeConfig(chunk_size=4), max_length=16)
+def translator(tiny_export):
+    return tiny_export[0]
 
 
 @pytest.fixture(scope="module")
-def exported(translator, tmp_path_factory):
-    from transformer.inference.export import export_translator, load_exported
+def exported(tiny_export):
+    from transformer.inference.export import load_exported
 
-    return load_exported(export_translator(translator, tmp_path_factory.mktemp("export") / "translator"))
+    return load_exported(tiny_export[1])
 
 
 def check_rows(sentences: list[str], translations) -> None:
