@@ -39,6 +39,12 @@ from transformer.measure.step_stats import StepRecord  # noqa: E402
 tf.config.experimental.enable_tensor_float_32_execution(False)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def skip_where_a_gpu_is_visible() -> None:
+    """Skips a test of the no-GPU behaviour (e.g. `--device gpu` refused) on a machine with a GPU."""
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
 BIBLE_DIR = SHARED_CORPUS_DIR
 
 

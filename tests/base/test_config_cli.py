@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import skip_where_a_gpu_is_visible
 
 from transformer.base import cli
 from transformer.base.config import CorpusSpec, ModelConfig, RunConfig
@@ -160,8 +161,7 @@ def test_require_gpu_on_this_machine_lists_what_tensorflow_sees():
 
     from transformer.runtime.devices import DeviceError, require_gpu
 
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("this machine has a GPU")
+    skip_where_a_gpu_is_visible()
     with pytest.raises(DeviceError) as err:
         require_gpu()
     message = str(err.value)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import skip_where_a_gpu_is_visible
 
 from transformer.base import errors
 
@@ -204,10 +205,7 @@ CASES = [
 @pytest.mark.parametrize("name, script, argv, env, message, status", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_error_line(name, script, argv, env, message, status, tmp_path, capsys, monkeypatch):
     if "without a GPU" in name:
-        import tensorflow as tf
-
-        if tf.config.list_physical_devices("GPU"):
-            pytest.skip("this machine has a GPU")
+        skip_where_a_gpu_is_visible()
     monkeypatch.delenv(errors.DEBUG_ENV, raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     for key, value in env.items():

@@ -13,6 +13,7 @@ import logging
 import keras
 import pytest
 import tensorflow as tf
+from conftest import skip_where_a_gpu_is_visible
 
 from transformer.runtime import devices, distribute
 from transformer.runtime.devices import DeviceError, select_device
@@ -126,8 +127,7 @@ def test_gpu_after_cpu_shows_the_gpus_again_or_says_to_restart(fake_gpu):
 
 
 def test_no_gpu_and_bad_values():
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("this machine has a GPU")
+    skip_where_a_gpu_is_visible()
     with pytest.raises(DeviceError, match="sees no GPU"):
         select_device("gpu")
     assert select_device("auto") == select_device("cpu") == "cpu"
