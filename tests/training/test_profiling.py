@@ -152,3 +152,17 @@ def test_xla_programs_inside_a_step_are_counted_once_as_xla():
     assert breakdown["categories"]["xla"]["seconds"] == pytest.approx(5.5e-6)
     assert breakdown["categories"]["matmul"]["seconds"] == pytest.approx(3e-6)
     assert breakdown["device_time_s"] == pytest.approx(8.5e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_the_profiler_starts_at_the_devices_host_tracer_level(device, tmp_path, monkeypatch):
+    """GPU kernels are cheap ops to TensorFlow, traced only at host level 3: a GPU profile asks for it."""
+    import tensorflow as tf
+
+    from transformer.training.profiling import HOST_TRACER_LEVEL, StepProfiler
+
+    started = []
+    monkeypatch.setattr(tf.profiler.experimental, "start", lambda logdir, options=None: started.append(options))
+    StepProfiler(1, 1, tmp_path, host_tracer_level=HOST_TRACER_LEVEL[device]).on_train_batch_begin(0)
+    (options,) = started
+    assert options.host_tracer_level == {"cpu": 2, "gpu": 3}[device]
