@@ -70,8 +70,10 @@ def test_length_buckets_flag_config_and_errors():
     parser = cli.argparse.ArgumentParser()
     cli.add_pipeline_args(parser)
     cli.add_train_args(parser)
-    config = cli.run_config_from_args(parser.parse_args(["--length-buckets", "geometric", "--xla-cache", "off"]))
+    config = cli.run_config_from_args(parser.parse_args(["--length-buckets", "geometric", "--xla-cache", "off",
+                                                         "--no-xla-warmup"]))
     assert config.pipeline.length_buckets == "geometric" and config.train.xla_cache == "off"
+    assert config.train.xla_warmup is False and RunConfig().train.xla_warmup is True
     assert RunConfig.from_dict(config.to_dict()) == config  # saved with the checkpoints
     assert RunConfig().pipeline.length_buckets == "auto" and RunConfig().train.xla_cache == "auto"
     for bad in ("16,8", "0,16", "fine", "16,,32"):
@@ -263,7 +265,7 @@ def test_xla_cache_keeps_the_newest_programs_within_its_size(tmp_path):
 # ---------------------------------------------------------------------------- a whole epoch with --xla on
 
 
-def train_process(bible_tokenizers, output, cache) -> dict:
+def train_process(bible_tokenizers, output, cache, *extra: str) -> dict:
     """One epoch (training + validation) of a tiny model with --xla on in a fresh process; its report."""
     data = bible_tokenizers.data_config
     args = ["--data", data.data_dir, "--max-train-examples", str(data.max_train_examples),
@@ -272,7 +274,7 @@ def train_process(bible_tokenizers, output, cache) -> dict:
             "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32",
             "--max-length", str(MAX_LENGTH), "--max-tokens", str(MAX_TOKENS), "--epochs", "1", "--bleu-sentences", "0",
             "--device", "cpu", "--mixed-precision", "off", "--xla", "on", "--xla-cache", str(cache),
-            "--no-probe-peak", "--verbose", "0", "--output", str(output)]
+            "--no-probe-peak", "--verbose", "0", "--output", str(output), *extra]
     env = cli.subprocess_env()
     env.pop("TF_XLA_FLAGS", None)
     done = subprocess.run(cli.command_line("train", *args), env=env, capture_output=True, text=True, timeout=600)
@@ -281,26 +283,35 @@ def train_process(bible_tokenizers, output, cache) -> dict:
 
 
 def test_an_epoch_with_xla_compiles_one_program_per_grid_length_once(bible_tokenizers, tmp_path):
+    """With the warm-up (the default): every program compiled before the first step, from the trace
+    the steps then use (tests/training/test_xla_warmup.py: the warm-up's steps leave no trace)."""
     cache = tmp_path / "xla-cache"
     first = train_process(bible_tokenizers, tmp_path / "first", cache)
     compiled = first["compile"]
     assert compiled["xla"] is True and compiled["length_grid"] == GRID  # auto → geometric with XLA
     steps_done = first["steps_done"]
+    programs = 0
     for step in ("train", "evaluate"):
         entry = compiled[step]
         assert entry["traces"] == 1  # one trace; XLA then compiles per shape
         assert 1 <= entry["compilations"] == len(entry["shapes"]) <= len(GRID)
         assert all(rows == MAX_TOKENS // length and length == tgt for rows, length, tgt in entry["shapes"])
-        assert entry["new_shape_steps_s"] > 0
+        warmed = {tuple(shape) for shape in compiled["warmup"][step]["shapes"]}
+        assert {(rows, length) for rows, length, _ in entry["shapes"]} <= warmed  # nothing left to the run
+        assert compiled["warmup"][step]["failed"] == {}
+        programs += len(warmed)
     assert len(compiled["train"]["shapes"]) == len(GRID) and steps_done > 3 * len(GRID)  # a whole epoch
-    # XLA's own count: one cache file per compiled program
-    total = compiled["train"]["compilations"] + compiled["evaluate"]["compilations"]
+    assert compiled["warmup"]["threads"] == 2 and compiled["warmup"]["seconds"] > 0
+    # XLA's own count, one cache file per compiled program: the warm-up's programs are the ones the
+    # steps used (a warm-up keyed under another trace would have left the run to compile its own)
     assert compiled["persistent_cache"] == {"directory": str(cache), "entries_before": 0, "pruned": 0,
-                                            "entries_after": total}
-    # the same run again: every program loaded from the cache, none compiled (nothing new written)
+                                            "entries_after": programs}
+    # the same run again: every program loaded from the cache, none compiled (nothing new written).
+    # (Keys hold the trace's name, which carries a process-wide counter: a run without the warm-up traces
+    # at another point and keys its programs apart, so a cache serves runs with the same setting.)
     again = train_process(bible_tokenizers, tmp_path / "again", cache)["compile"]
-    assert again["persistent_cache"] == {"directory": str(cache), "entries_before": total, "pruned": 0,
-                                         "entries_after": total}
+    assert again["persistent_cache"] == {"directory": str(cache), "entries_before": programs, "pruned": 0,
+                                         "entries_after": programs}
     assert again["train"]["shapes"] == compiled["train"]["shapes"]
 
 

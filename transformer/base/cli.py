@@ -300,6 +300,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                             "on for a GPU when the run is long enough to repay the compilations, off on CPU; "
                             "see transformer/runtime/precision.py)")
     group.add_argument("--no-xla", dest="xla", action="store_const", const="off", help="same as --xla off")
+    group.add_argument("--xla-warmup", dest="xla_warmup", action=argparse.BooleanOptionalAction, default=None,
+                       help="with XLA, compile the programs of every planned batch shape before the first step, "
+                            "all at once from threads (default on; --no-xla-warmup: each when its shape first comes)")
     group.add_argument("--xla-cache", metavar="{auto,off,DIR}",
                        help="keep XLA-compiled programs across runs in this directory (default auto: "
                             "$TRANSFORMER_XLA_CACHE, else $XDG_CACHE_HOME/transformer-nmt/xla/<machine key>); "

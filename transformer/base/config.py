@@ -338,6 +338,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | gpu
     mixed_precision: str = "auto"  # auto | off | float16 | bfloat16 (auto: transformer/runtime/precision.py)
     xla: Optional[bool] = None  # None: auto (transformer/runtime/precision.py); True/False: --xla/--no-xla
+    xla_warmup: bool = True  # with XLA: compile every planned batch shape at the start, at once (training/xla_warmup.py)
     xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (runtime/xla_cache.py, xla_cache_dir)
     output_dir: str = "runs/latest"
     resume: bool = False

@@ -85,6 +85,10 @@ class TrainingClock(keras.callbacks.Callback):
             self._live += seconds
             self.elapsed_s.assign(self._live)
 
+    def add_training_time(self, seconds: float) -> None:
+        """Counts `seconds` spent outside the steps as training (e.g. compiling the steps beforehand)."""
+        self._add(seconds)
+
     @property
     def seconds(self) -> float:
         return self._live if self._live is not None else float(self.elapsed_s.numpy())

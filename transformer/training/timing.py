@@ -174,13 +174,13 @@ class ShapeLog:
                 "new_shape_steps_s": round(sum(self.first_s.values()), 3)}
 
 
-def _unwrapped(train_function: Callable) -> Callable:
+def unwrapped(train_function: Callable) -> Callable:
     while hasattr(train_function, _ORIGINAL):
         train_function = getattr(train_function, _ORIGINAL)
     return train_function
 
 
-def _compiled_step(train_function: Callable) -> Optional[Any]:
+def compiled_step(train_function: Callable) -> Optional[Any]:
     """Keras' compiled `one_step_on_data` from `train_function`'s closure, or None.
 
     Private Keras structure (checked in 3.15); when it is not found we simply skip the
@@ -200,7 +200,7 @@ def _pretrace(train_function: Callable, iterator: Any) -> None:
     Keras' fast path traces with the iterator's `element_spec`, so one trace serves every
     batch shape; eager batches of concrete shapes would instead retrace on a new shape.
     """
-    step, spec = _compiled_step(train_function), getattr(iterator, "element_spec", None)
+    step, spec = compiled_step(train_function), getattr(iterator, "element_spec", None)
     if step is None or spec is None:
         return
     try:
@@ -383,7 +383,7 @@ class BatchTimer(keras.callbacks.Callback):
         if getattr(self.model, name, None) is None:  # not the TF trainer's fit(): nothing to wrap
             warnings.warn(f"BatchTimer: model.{name} is not built; input wait not measured")
             return
-        original = _unwrapped(getattr(self.model, name))
+        original = unwrapped(getattr(self.model, name))
         timer = self
         pretraced = False
 
@@ -399,7 +399,7 @@ class BatchTimer(keras.callbacks.Callback):
 
     def _restore(self, name: str) -> None:
         if self.model is not None and getattr(self.model, name, None) is not None:
-            setattr(self.model, name, _unwrapped(getattr(self.model, name)))
+            setattr(self.model, name, unwrapped(getattr(self.model, name)))
 
     def _report_shapes(self, step: str) -> None:
         """Writes the shapes met by `step` (train | evaluate) into the report's `compile` section."""
@@ -407,7 +407,7 @@ class BatchTimer(keras.callbacks.Callback):
         if not log.first_s:
             return
         function = getattr(self.model, _STEP_FUNCTIONS[step], None)
-        compiled = _compiled_step(_unwrapped(function)) if function is not None else None
+        compiled = compiled_step(unwrapped(function)) if function is not None else None
         traces = compiled.experimental_get_tracing_count() if compiled is not None else None
         self.report.compile[step] = log.to_dict(bool(getattr(self.model, "jit_compile", False)), traces)
 
