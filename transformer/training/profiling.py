@@ -19,15 +19,16 @@ can exceed the steps' wall time; the shares are of device time. Ops of the input
 report measures the input wait. With `--xla` the step is one
 XLA program and the breakdown shows it as `xla`: profile without XLA.
 
-On a GPU the op events above are the host's side of each op (its launch). TensorFlow counts a
-GPU kernel as cheap and traces cheap ops only at host tracer level 3 (2 by default: a GPU
-step's host plane would have almost no op events), so on a GPU the profiler runs at level 3
-(`StepProfiler(host_tracer_level=...)`). What the GPU did is
-in the trace's `/device:GPU:N` planes, one line per CUDA stream, one event per kernel or copy.
-`gpu_breakdown` adds the report's `profile.gpu`: kernels launched per step, the time the GPU was
-busy (union of its kernel intervals) against the span from first to last kernel, hence the idle
-share (the gaps the host leaves between kernels: launch and dispatch overhead), and kernel time
-by the same categories, read from each kernel's `tf_op` stat.
+On a GPU the op events above are the host's side of each op: TensorFlow traces the launch of
+a GPU kernel as a cheap op, and a GPU step's host plane holds little more than its `_Send` /
+`_HostSend` events (measured on an H100 at host tracer levels 2 and 3, 2026-11-27). What the GPU
+did is in the trace's `/device:GPU:N` planes, one line per CUDA stream, one event per kernel or
+copy. `gpu_breakdown` adds the report's `profile.gpu`: kernels launched per step, the time the
+GPU was busy (union of its kernel intervals) against the span from first to last kernel, hence
+the idle share (the gaps the host leaves between kernels: launch and dispatch overhead), and
+kernel time by the same categories, read from each kernel's `tf_op` stat. With a GPU plane the
+device is the GPU: `profile_breakdown` takes `device_time_s`, `categories` and the per-token
+figures from its kernels and keeps the host's op events under `profile.host`.
 
 Categories (first rule that matches wins; `CATEGORIES` keeps this order):
     optimizer    ops under the optimizer's scope (`adam/`, `loss_scale_optimizer/`...)
@@ -254,9 +255,17 @@ def latest_trace(log_dir: str | Path, since: float = 0.0) -> Optional[Path]:
     return max(traces, key=lambda p: p.stat().st_mtime) if traces else None
 
 
-# Host tracer level per device: a GPU kernel is a cheap op to TensorFlow (OpKernel::IsExpensive is
-# false on GPUs), traced only from level 3.
-HOST_TRACER_LEVEL = {"cpu": 2, "gpu": 3}
+def profile_breakdown(xspace, steps: int) -> dict:
+    """The report's breakdown of a trace of `steps` steps: `op_breakdown`, and with a GPU plane
+    `gpu` (`gpu_breakdown`), whose kernel time by category becomes `device_time_s` / `categories`
+    (the host's op events, kernel launches there, move to `host`). `top_ops` / `top_types` are
+    the host's op events either way."""
+    result = op_breakdown(xspace)
+    gpu = gpu_breakdown(xspace, steps)
+    if gpu is not None:
+        result["host"] = {"device_time_s": result["device_time_s"], "categories": result["categories"]}
+        result.update(gpu=gpu, device_time_s=gpu["kernel_time_s"], categories=gpu["categories"])
+    return result
 
 
 class StepProfiler(keras.callbacks.Callback):
@@ -270,16 +279,12 @@ class StepProfiler(keras.callbacks.Callback):
         first, last: int. Steps to profile (see `config.parse_profile_steps`).
         log_dir: str or Path. The run's TensorBoard directory.
         report: `StepTimeReport` or None. Where the breakdown goes.
-        host_tracer_level: int. The profiler's host tracer level: 2 (TensorFlow's default, the
-            ops it deems expensive: every CPU kernel of a step) or 3 (cheap ops too: GPU kernels'
-            launches, which TensorFlow deems cheap). `HOST_TRACER_LEVEL[device]`.
     """
 
-    def __init__(self, first: int, last: int, log_dir: str | Path, report=None, host_tracer_level: int = 2):
+    def __init__(self, first: int, last: int, log_dir: str | Path, report=None):
         super().__init__()
         self.first, self.last = first, last
         self.log_dir = Path(log_dir)
-        self.host_tracer_level = host_tracer_level
         self.report = report
         self.result: Optional[dict] = None
         self._step = 0
@@ -298,8 +303,7 @@ class StepProfiler(keras.callbacks.Callback):
 
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._started_wall = time.time()
-            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=self.host_tracer_level)
-            tf.profiler.experimental.start(str(self.log_dir), options=options)
+            tf.profiler.experimental.start(str(self.log_dir))
             self._active = True
             self._started_at = time.perf_counter()
 
@@ -330,14 +334,11 @@ class StepProfiler(keras.callbacks.Callback):
                 "trace": str(trace.relative_to(self.log_dir.parent)) if self.log_dir.parent in trace.parents
                 else str(trace),
             }
-            xspace = load_xspace(trace)
-            self.result.update(op_breakdown(xspace))
+            self.result.update(profile_breakdown(load_xspace(trace), self._profiled))
             self.result.update(per_target_token(self.result, self._profiled_tokens()))
-            gpu = gpu_breakdown(xspace, self._profiled)
-            if gpu is not None:
-                self.result["gpu"] = gpu
         if "categories" in self.result:
-            log.info("profile of steps %d-%d (%s): device time %.2f s: %s", *self.result["steps"],
+            log.info("profile of steps %d-%d (%s): %s time %.2f s: %s", *self.result["steps"],
+                     "GPU kernel" if "gpu" in self.result else "device",
                      self.result["trace"], self.result["device_time_s"], format_breakdown(self.result))
             if self.result.get("non_matmul_us_per_tgt_token") is not None:
                 log.info("per real target token (%d tokens): device %.1f µs, outside matmul %.1f µs",

@@ -80,7 +80,7 @@ from transformer.training.depth import resolve_depth
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.init_from import InitSource, open_init_source
 from transformer.training.late_dropout import LateDropout, late_dropout_switch
-from transformer.training.profiling import HOST_TRACER_LEVEL, StepProfiler
+from transformer.training.profiling import StepProfiler
 from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
@@ -376,8 +376,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
                             min_interval_s=GPU_CHECKPOINT_MIN_INTERVAL_S if device == "gpu" else 0.0)
     profiler = None
     if config.train.profile_steps:
-        profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report,
-                                host_tracer_level=HOST_TRACER_LEVEL[device])
+        profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
     warmup = None
     if config.train.xla and config.train.xla_warmup and bucketed and strategy_name == distribute.DEFAULT:
         grid = length_grid(config.pipeline, model_config.max_length)
