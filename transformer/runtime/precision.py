@@ -20,12 +20,15 @@ to report.json as `run.precision_decision`. Explicit values always win; "auto" d
   tokens per batch, 2026-11-26): a compilation takes 22-24 s with the GPU flags training sets
   (`transformer.runtime.xla_flags`; 47-52 s with XLA's own), and then a step takes 13-16 ms
   against 48.7 ms without XLA. In README's command with `--time-budget 5` the 6 programs took
-  191 s (~32 s each) and, between compilations, the run trained 591k real target tokens/s
-  against 282k without XLA (2.1×: the coarser grid pads more, the input pipeline waited 29%
-  of the time). Rule: on when the tokens XLA trains after compiling,
-  (planned time − programs × `GPU_XLA_COMPILE_S`) × `GPU_XLA_SPEEDUP`, are at least
-  `MIN_XLA_GAIN` × what the run trains without it; the planned time is the time budget, else
-  planned steps × the measured non-XLA H100 step time. With 7 programs that is from a ~9.2-minute
+  191 s in-run, one after the other (~32 s each). Compiled all at once before the first step
+  (`training/xla_warmup.py`, 16 host cores) they took 44.7 s, and the run then trained 687k real
+  target tokens/s against 293k without XLA (2.3×: the coarser grid pads 22% against 10%;
+  2026-11-27). Rule: on when the tokens XLA trains after compiling, (planned time − compile
+  time) × `GPU_XLA_SPEEDUP`, are at least `MIN_XLA_GAIN` × what the run trains without it. The
+  compile time: `GPU_XLA_WARMUP_ROUND_S` per round of `compile_threads` programs compiled at once
+  with the warm-up, else `GPU_XLA_COMPILE_S` per program; the planned time is the time budget,
+  else planned steps × the measured non-XLA H100 step time. With the warm-up's 8 threads and the 7
+  programs of the grid that is from a ~1.6-minute budget on (one after the other: ~8.2 minutes).
   budget on. Off for the naive pipeline (a new shape almost every batch) and on CPU (measured
   on a 2-core Xeon: 3× fewer tokens/s, one compilation per new bucket shape).
 
@@ -368,7 +371,8 @@ def _auto_cpu(facts: DeviceFacts, probe) -> tuple[str, str, Optional[ProbeResult
 
 
 GPU_XLA_COMPILE_S = 32.0  # one XLA program in a training run, H100, xla_flags' GPU flags (6 programs: 191 s in-run)
-GPU_XLA_SPEEDUP = 2.1  # XLA ÷ non-XLA real target tokens/s between compilations, H100, 16,384 tokens (591k ÷ 282k)
+GPU_XLA_WARMUP_ROUND_S = 45.0  # programs compiled at once by the warm-up, H100 host (6 on 16 cores: 44.7 s)
+GPU_XLA_SPEEDUP = 2.3  # XLA ÷ non-XLA real target tokens/s, H100, 16,384 tokens, planned batches (687k ÷ 293k)
 GPU_STEP_S = ((2048, 0.0355), (16384, 0.0479))  # (padded tokens per batch, non-XLA step s) on an H100 (measured)
 MIN_XLA_GAIN = 1.25  # --xla auto on a GPU: XLA must train at least this many times the tokens, compiling included
 
@@ -388,12 +392,21 @@ class XlaWorkload:
     budget_s: the time budget in seconds, or None.
     steps: planned optimizer steps (epochs × batches per epoch), or None when not known.
     tokens_per_batch: padded tokens per batch per side, for the step-time estimate.
+    compile_threads: programs compiled at once before training (the XLA warm-up's threads);
+      1: each compiled when its shape first comes, one after the other.
     """
 
     programs: int
     budget_s: Optional[float] = None
     steps: Optional[int] = None
     tokens_per_batch: int = 2048
+    compile_threads: int = 1
+
+    def compile_s(self) -> float:
+        """Seconds the run spends compiling its programs (H100 figures, module docstring)."""
+        if self.compile_threads > 1:
+            return -(-self.programs // self.compile_threads) * GPU_XLA_WARMUP_ROUND_S
+        return self.programs * GPU_XLA_COMPILE_S
 
     def train_s(self) -> Optional[float]:
         """Planned training seconds: the budget, else steps × `gpu_step_s`; None when unknown."""
@@ -412,13 +425,16 @@ def _auto_xla(device: str, pipeline_kind: str, workload: Optional[XlaWorkload] =
     train_s = workload.train_s() if workload is not None else None
     if train_s is None:
         return True, "XLA on: GPU with bucketed batches (run length not given: assumed long enough to repay compiling)"
-    compile_s = workload.programs * GPU_XLA_COMPILE_S
+    compile_s = workload.compile_s()
     step_ms = gpu_step_s(workload.tokens_per_batch) * 1e3
-    planned = (f"the {train_s / 60:.0f}-minute budget" if workload.budget_s is not None
+    planned = (f"the {train_s / 60:.3g}-minute budget" if workload.budget_s is not None
                else f"~{train_s / 60:.1f} min of training ({workload.steps:,} steps × {step_ms:.0f} ms)")
     gain = max(train_s - compile_s, 0.0) * GPU_XLA_SPEEDUP / train_s if train_s > 0 else 0.0
-    cost = (f"{workload.programs} programs × ~{GPU_XLA_COMPILE_S:.0f} s to compile (H100) = {compile_s / 60:.1f} min "
-            f"of {planned}, then ~{GPU_XLA_SPEEDUP:.1f}× the tokens/s: {gain:.2f}× the tokens")
+    compiling = (f"{workload.programs} programs compiled {workload.compile_threads} at once (~"
+                 f"{GPU_XLA_WARMUP_ROUND_S:.0f} s a round, H100)" if workload.compile_threads > 1 else
+                 f"{workload.programs} programs × ~{GPU_XLA_COMPILE_S:.0f} s to compile (H100)")
+    cost = (f"{compiling} = {compile_s / 60:.1f} min of {planned}, then ~{GPU_XLA_SPEEDUP:.1f}× the tokens/s: "
+            f"{gain:.2f}× the tokens")
     if gain >= MIN_XLA_GAIN:
         return True, f"XLA on: {cost} (≥ {MIN_XLA_GAIN}×)"
     return False, f"XLA off: {cost} (< {MIN_XLA_GAIN}×): too short to repay compiling (--xla on forces it)"

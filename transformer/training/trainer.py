@@ -93,7 +93,7 @@ from transformer.training.training_data import (
     xla_workload,
 )
 from transformer.training.validation_bleu import ValidationBleu, fixed_sample
-from transformer.training.xla_warmup import XlaWarmup, planned_shapes
+from transformer.training.xla_warmup import XlaWarmup, planned_shapes, warmup_threads
 
 log = logging.getLogger(__name__)
 
@@ -516,11 +516,12 @@ def _decide_xla(requested: RunConfig, decision: PrecisionDecision, config: RunCo
     if requested.train.xla is not None or decision.facts.device != "gpu" or requested.pipeline.kind != "optimized":
         return decision, config, None
     validation = corpus.validation is not None
-    workload = xla_workload(config, None, validation)
+    threads = warmup_threads() if strategy_name == distribute.DEFAULT else 1  # the warm-up: one device
+    workload = xla_workload(config, None, validation, threads)
     steps_per_epoch = None
     if workload.train_s() is None:
         steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
-        workload = xla_workload(config, steps_per_epoch, validation)
+        workload = xla_workload(config, steps_per_epoch, validation, threads)
     final = decide_precision(requested.train.mixed_precision, None, decision.facts.device, requested.pipeline.kind,
                              facts=decision.facts, workload=workload)
     if final.xla == decision.xla:

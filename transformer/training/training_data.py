@@ -85,13 +85,15 @@ def epoch_steps(corpus, tokenizers, config: RunConfig, strategy_name: str, repli
     return count_batches(corpus, tokenizers, config, replicas, tokenized)
 
 
-def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: bool) -> XlaWorkload:
+def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: bool,
+                 compile_threads: int = 1) -> XlaWorkload:
     """What the run would compile with XLA and how long it trains (`precision.XlaWorkload`).
 
     Programs: one per length of the XLA grid for the train step, as many again for the
     evaluation step when `fit` validates (a validation split and no budgeted BLEU evaluation,
     which measures the loss itself, uncompiled). Steps: `planned_steps`, else planned epochs ×
-    `steps_per_epoch` (None: unknown). Under a time budget, the budget.
+    `steps_per_epoch` (None: unknown). Under a time budget, the budget. `compile_threads`: programs
+    the XLA warm-up compiles at once (1: none, each compiled when its shape first comes).
     """
     train = config.train
     budget_s = train.time_budget_minutes * 60 if train.time_budget_minutes is not None else None
@@ -104,7 +106,7 @@ def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: 
     if tokens == AUTO:  # not resolved yet (training resolves the batch first): the recipe's
         tokens = RECIPE_MAX_TOKENS
     return XlaWorkload(programs=shapes * (2 if fit_validates else 1), budget_s=budget_s, steps=steps,
-                       tokens_per_batch=tokens)
+                       tokens_per_batch=tokens, compile_threads=compile_threads if train.xla_warmup else 1)
 
 
 def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int, tokenized=None,

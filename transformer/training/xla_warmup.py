@@ -141,6 +141,11 @@ def compile_concurrently(jobs: list[tuple[str, Any, tuple[int, int]]], variables
             "longest_step_s": round(longest, 3), "variables_restored": len(variables)}
 
 
+def warmup_threads() -> int:
+    """Programs the warm-up compiles at once on this machine: one per host core, at most `MAX_THREADS`."""
+    return min(MAX_THREADS, os.cpu_count() or 1)
+
+
 class XlaWarmup(keras.callbacks.Callback):
     """Compiles the run's XLA programs at the first `on_train_begin` (module docstring).
 
@@ -149,7 +154,7 @@ class XlaWarmup(keras.callbacks.Callback):
         report: `StepTimeReport`. Gets `compile.warmup`.
         clock: `TrainingClock` or None. Charged the warm-up's seconds (train clock; the wall
             clock counts them anyway). Place this callback after the clock.
-        threads: int or None. Steps at once; default min(shapes, `MAX_THREADS`, CPU cores).
+        threads: int or None. Steps at once (at most one per shape); default `warmup_threads()`.
     """
 
     def __init__(self, shapes: WarmupShapes, report: StepTimeReport, clock: Optional[TrainingClock] = None,
@@ -158,7 +163,7 @@ class XlaWarmup(keras.callbacks.Callback):
         self.shapes = shapes
         self.report = report
         self.clock = clock
-        self.threads = threads or min(MAX_THREADS, os.cpu_count() or 1)
+        self.threads = threads or warmup_threads()
         self.done = False
 
     def on_train_begin(self, logs=None):
