@@ -1,16 +1,18 @@
 """`XlaWarmup`: a run's XLA programs compiled at its start, all at once, one thread per shape.
 
 With XLA (`jit_compile`) the train step compiles one program per batch shape, when that shape
-first arrives: on an H100 ~32 s each, one after the other, ~3.5 minutes of a run for the 7
-lengths of the geometric grid (docs/gpu.md). TensorFlow compiles the programs of one traced
-`tf.function` concurrently when different threads call it with different shapes (2 shapes on
-2 cores: 35.0 s one after the other, 18.1 s at once). So before the first step this callback
+first arrives: on an H100 ~32 s each, one after the other (6 programs: 191-212 s of a run).
+TensorFlow compiles the programs of one traced `tf.function` concurrently when different
+threads call it with different shapes: those 6 programs took 44.7 s at once on the H100's
+16-core host, 2 programs 18.1 s instead of 35.0 s on 2 cores (docs/gpu.md). So before the first
+step this callback
 
   1. traces the compiled step once for batches of unknown dims, the trace `BatchTimer` and
      Keras' fast path use (XLA keys a program by the traced function as well as the shapes);
   2. copies every variable a step may change to the host (weights, optimizer moments and step,
      metrics, dropout seed states: `state_variables`);
-  3. calls the step on a dummy batch of every planned shape, one thread per shape, and waits;
+  3. calls the step on a dummy batch of every planned shape, from up to min(8, host cores)
+     threads at once, and waits;
   4. assigns the copies back, so the run trains exactly as it would have without the warm-up.
 
 The same for the evaluation step when `fit` validates. A shape the warm-up could not run (e.g.
@@ -170,6 +172,8 @@ class XlaWarmup(keras.callbacks.Callback):
         if self.done or not getattr(self.model, "jit_compile", False):
             return
         self.done = True  # once: a retry with a smaller batch meets its own shapes in the run
+        log.info("XLA warm-up: compiling %d programs before the first step, up to %d at once",
+                 len(self.shapes.train) + len(self.shapes.evaluate), self.threads)
         start = time.perf_counter()
         if self.shapes.evaluate:
             self.model.make_test_function()  # fit would make it at its first validation
