@@ -22,6 +22,7 @@ from transformer.training.xla_warmup import (
     grid_shapes,
     planned_shapes,
     state_variables,
+    worth_warming,
 )
 
 GRID = [16, 24, 32]
@@ -48,6 +49,13 @@ def test_training_warms_the_lengths_its_pairs_fill_evaluation_every_length_they_
     # ids not in memory (a streamed pipeline): every length of the grid
     streamed = planned_shapes(None, GRID, rows, [8, 6, 4], validates=True)
     assert streamed.train == ((4, 16), (3, 24), (2, 32)) and streamed.evaluate == ((8, 16), (6, 24), (4, 32))
+
+
+def test_a_run_too_short_to_meet_its_shapes_is_not_warmed():
+    shapes = planned_shapes(None, GRID, [4, 3, 2], [8, 6, 4], validates=True)  # 3 train shapes
+    assert worth_warming(shapes, None)  # a time budget, or a length not known: assumed long
+    assert worth_warming(shapes, 30) and not worth_warming(shapes, 29)  # 10 steps per train shape
+    assert not worth_warming(planned_shapes(pair_ids([3]), GRID, [4, 3, 2], [8, 6, 4], True), None)  # nothing fills a batch
 
 
 def test_dummy_batches_have_the_pipelines_layout():

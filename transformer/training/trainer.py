@@ -93,7 +93,7 @@ from transformer.training.training_data import (
     xla_workload,
 )
 from transformer.training.validation_bleu import ValidationBleu, fixed_sample
-from transformer.training.xla_warmup import XlaWarmup, planned_shapes, warmup_threads
+from transformer.training.xla_warmup import XlaWarmup, planned_shapes, warmup_threads, worth_warming
 
 log = logging.getLogger(__name__)
 
@@ -381,8 +381,13 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if config.train.xla and config.train.xla_warmup and bucketed and strategy_name == distribute.DEFAULT:
         grid = length_grid(config.pipeline, model_config.max_length)
         fit_validates = corpus.validation is not None and not _evaluates_loss([bleu])
-        warmup = XlaWarmup(planned_shapes(tokenized, grid, rows_per_batch(config.pipeline, grid, update_rows(config, 1)),
-                                          rows_per_batch(config.pipeline, grid), fit_validates), report, clock)
+        shapes = planned_shapes(tokenized, grid, rows_per_batch(config.pipeline, grid, update_rows(config, 1)),
+                                rows_per_batch(config.pipeline, grid), fit_validates)
+        planned = config.train.planned_steps or (report.steps_planned if budget_s is None else None)
+        if worth_warming(shapes, planned):
+            warmup = XlaWarmup(shapes, report, clock)
+        else:
+            report.compile["warmup"] = {"skipped": f"{planned} planned steps for {len(shapes.train)} train shapes"}
     if interrupts is not None:  # on SIGINT/SIGTERM: save the exact position, then stop
         interrupts.save = (lambda: f"backup {backup.save_now()}") if backup else (
             lambda: f"checkpoint {saver.save_now()} (--resume repeats this epoch's data)")

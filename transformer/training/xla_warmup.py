@@ -15,7 +15,8 @@ step this callback
      threads at once, and waits;
   4. assigns the copies back, so the run trains exactly as it would have without the warm-up.
 
-The same for the evaluation step when `fit` validates. A shape the warm-up could not run (e.g.
+The same for the evaluation step when `fit` validates. A run planning fewer than 10 steps per
+train shape skips the warm-up (`worth_warming`). A shape the warm-up could not run (e.g.
 out of GPU memory with many steps at once) compiles when the run first meets it, as without a
 warm-up. The seconds spent are charged to the run's training clock, as in-run compilations
 are, and recorded in the report (`compile.warmup`).
@@ -42,6 +43,7 @@ from transformer.training.timing import compiled_step, unwrapped
 log = logging.getLogger(__name__)
 
 MAX_THREADS = 8  # steps in flight at once (each holds its activations on the device)
+MIN_STEPS_PER_SHAPE = 10  # a shorter run may never meet some shapes: it compiles those it meets, as they come
 WARMUP_TOKEN_ID = 4  # any non-pad id below every vocabulary size: only the shape matters
 BATCH_SPEC = ((tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)),
               tf.TensorSpec([None, None], tf.int32))  # ((src, tgt_in), tgt_out), as the pipeline's batches
@@ -80,6 +82,12 @@ def planned_shapes(tokenized: Any, grid: list[int], train_rows: list[int], eval_
     train = grid_shapes(grid, train_rows, lengths, at_least=train_rows)
     evaluate = grid_shapes(grid, eval_rows, lengths) if validates else ()
     return WarmupShapes(train=train, evaluate=evaluate)
+
+
+def worth_warming(shapes: WarmupShapes, planned_steps: Optional[int]) -> bool:
+    """False for a run too short to meet every shape (fewer than `MIN_STEPS_PER_SHAPE` planned steps
+    per train shape, e.g. a notebook's few-step toggles); a time-budgeted or unknown length: True."""
+    return bool(shapes.train) and (planned_steps is None or planned_steps >= MIN_STEPS_PER_SHAPE * len(shapes.train))
 
 
 def dummy_batch(rows: int, length: int) -> tuple:
