@@ -43,7 +43,7 @@ from transformer.base import atomic
 from transformer.base.config import AUTO, RUN_TRAIN_FIELDS, ModelConfig, RunConfig, check_sampling, parse_profile_steps
 from transformer.base.errors import ConfigError, OutputExistsError
 from transformer.data.corpora import load_corpus
-from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets, rows_per_batch
+from transformer.data.pipeline import length_grid, make_batches, resolve_length_buckets
 from transformer.data.tokenizer import build_or_load_tokenizers, load_tokenizers
 from transformer.inference.rundir import (
     BACKUP_DIR,
@@ -85,15 +85,9 @@ from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
 from transformer.training.timing import BatchTimer
-from transformer.training.training_data import (
-    count_batches,
-    epoch_steps,
-    tokenized_training_pairs,
-    update_rows,
-    xla_workload,
-)
+from transformer.training.training_data import count_batches, epoch_steps, tokenized_training_pairs, xla_workload
 from transformer.training.validation_bleu import ValidationBleu, fixed_sample
-from transformer.training.xla_warmup import XlaWarmup, planned_shapes, warmup_threads, worth_warming
+from transformer.training.xla_warmup import run_warmup, warmup_threads
 
 log = logging.getLogger(__name__)
 
@@ -379,15 +373,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         profiler = StepProfiler(*parse_profile_steps(config.train.profile_steps), write_dir / "tensorboard", report)
     warmup = None
     if config.train.xla and config.train.xla_warmup and bucketed and strategy_name == distribute.DEFAULT:
-        grid = length_grid(config.pipeline, model_config.max_length)
-        fit_validates = corpus.validation is not None and not _evaluates_loss([bleu])
-        shapes = planned_shapes(tokenized, grid, rows_per_batch(config.pipeline, grid, update_rows(config, 1)),
-                                rows_per_batch(config.pipeline, grid), fit_validates)
-        planned = config.train.planned_steps or (report.steps_planned if budget_s is None else None)
-        if worth_warming(shapes, planned):
-            warmup = XlaWarmup(shapes, report, clock)
-        else:
-            report.compile["warmup"] = {"skipped": f"{planned} planned steps for {len(shapes.train)} train shapes"}
+        warmup = run_warmup(config, tokenized, corpus.validation is not None and not _evaluates_loss([bleu]),
+                            report, clock)
     if interrupts is not None:  # on SIGINT/SIGTERM: save the exact position, then stop
         interrupts.save = (lambda: f"backup {backup.save_now()}") if backup else (
             lambda: f"checkpoint {saver.save_now()} (--resume repeats this epoch's data)")

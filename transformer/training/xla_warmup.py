@@ -35,10 +35,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from transformer.base.config import RunConfig
 from transformer.data.epoch_plan import PairIds
+from transformer.data.pipeline import length_grid, rows_per_batch
 from transformer.measure.reports import StepTimeReport
 from transformer.training.budget import TrainingClock
 from transformer.training.timing import compiled_step, unwrapped
+from transformer.training.training_data import update_rows
 
 log = logging.getLogger(__name__)
 
@@ -205,3 +208,21 @@ class XlaWarmup(keras.callbacks.Callback):
             + (f" ({len(entry[name]['failed'])} left for the run)" if entry[name]["failed"] else "")
             for name in ("train", "evaluate") if name in entry) or "nothing to compile", seconds,
             entry.get("threads", 0))
+
+
+def run_warmup(config: RunConfig, tokenized: Any, fit_validates: bool, report: StepTimeReport,
+               clock: Optional[TrainingClock]) -> Optional[XlaWarmup]:
+    """The warm-up of a single-device XLA run with the optimized pipeline (`config` resolved: grid,
+    batch, budget), or None when the run is too short for one (`worth_warming`; the report says so).
+
+    tokenized: the training pairs as `tokenized_training_pairs` gives them (their lengths, when in memory).
+    """
+    grid = length_grid(config.pipeline, config.model.max_length)
+    shapes = planned_shapes(tokenized, grid, rows_per_batch(config.pipeline, grid, update_rows(config, 1)),
+                            rows_per_batch(config.pipeline, grid), fit_validates)
+    planned = config.train.planned_steps or (report.steps_planned if config.train.time_budget_minutes is None
+                                             else None)
+    if not worth_warming(shapes, planned):
+        report.compile["warmup"] = {"skipped": f"{planned} planned steps for {len(shapes.train)} train shapes"}
+        return None
+    return XlaWarmup(shapes, report, clock)
