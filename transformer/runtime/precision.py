@@ -29,7 +29,7 @@ to report.json as `run.precision_decision`. Explicit values always win; "auto" d
   with the warm-up, else `GPU_XLA_COMPILE_S` per program; the planned time is the time budget,
   else planned steps × the measured non-XLA H100 step time. With the warm-up's 8 threads and the 7
   programs of the grid that is from a ~1.6-minute budget on (one after the other: ~8.2 minutes).
-  budget on. Off for the naive pipeline (a new shape almost every batch) and on CPU (measured
+  Off for the naive pipeline (a new shape almost every batch) and on CPU (measured
   on a 2-core Xeon: 3× fewer tokens/s, one compilation per new bucket shape).
 
 The probe (`probe_bf16_speedup`, about 1 s) times alternating chains of 1024² matmuls in both

@@ -209,7 +209,7 @@ def _pretrace(train_function: Callable, iterator: Any) -> None:
         warnings.warn(f"BatchTimer: could not pre-trace the train step ({err}); it may retrace")
 
 
-def _sync(logs: Optional[dict]) -> Optional[float]:
+def sync_logs(logs: Optional[dict]) -> Optional[float]:
     """Waits for the step's outputs (converting the loss to a float); returns the loss."""
     logs = logs or {}
     for value in logs.values():  # all of them: any output pending on the device
@@ -324,7 +324,7 @@ class BatchTimer(keras.callbacks.Callback):
         self._step_start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        loss = _sync(logs)
+        loss = sync_logs(logs)
         now = time.perf_counter()
         self.report.add_step(self._record(now - self._step_start, batch, loss))
         if self._shapes["train"].add(self._execution.counts, now - self._step_start):
@@ -343,7 +343,7 @@ class BatchTimer(keras.callbacks.Callback):
         self._test_start = time.perf_counter()
 
     def on_test_batch_end(self, batch, logs=None):
-        _sync(logs)
+        sync_logs(logs)
         if self._shapes["evaluate"].add(self._test_execution.counts, time.perf_counter() - self._test_start):
             self._report_shapes("evaluate")
 

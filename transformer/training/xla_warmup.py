@@ -40,7 +40,7 @@ from transformer.data.epoch_plan import PairIds
 from transformer.data.pipeline import length_grid, rows_per_batch
 from transformer.measure.reports import StepTimeReport
 from transformer.training.budget import TrainingClock
-from transformer.training.timing import compiled_step, unwrapped
+from transformer.training.timing import compiled_step, sync_logs, unwrapped
 from transformer.training.training_data import update_rows
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,7 @@ def compile_concurrently(jobs: list[tuple[str, Any, tuple[int, int]]], variables
 
     def run(step: Any, shape: tuple[int, int]) -> float:
         began = time.perf_counter()
-        for value in tf.nest.flatten(step(dummy_batch(*shape))):  # wait for the device
-            if tf.is_tensor(value):
-                np.asarray(value)
+        sync_logs(step(dummy_batch(*shape)))  # waits for the device
         return time.perf_counter() - began
 
     entry = {name: {"shapes": [], "failed": {}} for name, _, _ in jobs}
@@ -220,8 +218,7 @@ def run_warmup(config: RunConfig, tokenized: Any, fit_validates: bool, report: S
     grid = length_grid(config.pipeline, config.model.max_length)
     shapes = planned_shapes(tokenized, grid, rows_per_batch(config.pipeline, grid, update_rows(config, 1)),
                             rows_per_batch(config.pipeline, grid), fit_validates)
-    planned = config.train.planned_steps or (report.steps_planned if config.train.time_budget_minutes is None
-                                             else None)
+    planned = report.steps_planned if config.train.time_budget_minutes is None else None  # the trainer's count
     if not worth_warming(shapes, planned):
         report.compile["warmup"] = {"skipped": f"{planned} planned steps for {len(shapes.train)} train shapes"}
         return None
