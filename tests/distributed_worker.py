@@ -2,9 +2,9 @@
 
     python tests/distributed_worker.py equivalence OUT.json
         2 logical CPU devices: one train step of a tiny Transformer on one global batch
-        under OneDeviceStrategy and MirroredStrategy (2 replicas), with the project's loss
-        and with a per-replica-mean loss (the control that must differ). Writes the numbers
-        to OUT.json.
+        under OneDeviceStrategy and MirroredStrategy (2 replicas) with the project's loss,
+        and under MirroredStrategy with a per-replica-mean loss (the control, which must
+        differ from the one-device step). Writes the numbers to OUT.json.
     python tests/distributed_worker.py train CONFIG.json [--progress F] [--sleep S] [--weights W.npz]
                                                          [--logical-cpus N]
         `train(RunConfig)`; appends "<iterations>" to F after every step, sleeps S s per
@@ -18,6 +18,9 @@ mismatch in the collective instance".
         self-consistent, prints "VERIFIED <epoch> <step>", then saves both forever, printing
         "CHECKPOINT i" / "BACKUP i" just before each save (the parent SIGKILLs it on reading
         one, i.e. during that save) unless --verify-only.
+
+`progress_callback` and `verify_saved` are also imported by the test itself, which runs the
+steps that need no fresh process (a resumed run, the last verification) in its own process.
 """
 
 from __future__ import annotations
@@ -99,8 +102,11 @@ def equivalence(out: Path) -> None:
     one = tf.distribute.OneDeviceStrategy("/cpu:0")
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     results = {"replicas": mirrored.num_replicas_in_sync}
+    # Both mirrored steps are compared with the one-device step of the project's loss: on one
+    # device a per-replica mean is that same global mean, so it needs no step of its own.
+    a = _one_step(one, MaskedSparseCrossEntropy())
     for name, make_loss in (("masked", MaskedSparseCrossEntropy), ("per_replica_mean", PerReplicaMean)):
-        a, b = _one_step(one, make_loss()), _one_step(mirrored, make_loss())
+        b = _one_step(mirrored, make_loss())
         diff = max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in zip(a["deltas"], b["deltas"]))
         results[name] = {"one_device": {k: a[k] for k in ("loss", "accuracy", "delta_norm")},
                          "mirrored": {k: b[k] for k in ("loss", "accuracy", "delta_norm")},
@@ -111,15 +117,9 @@ def equivalence(out: Path) -> None:
 # ---------------------------------------------------------------------------- train
 
 
-def run_train(config_path: Path, progress: Path | None, sleep_s: float, weights: Path | None,
-              logical_cpus: int) -> None:
-    if logical_cpus > 1:
-        _logical_cpus(logical_cpus)
+def progress_callback(progress: Path | None, sleep_s: float = 0.0):
+    """A Keras callback appending "<iterations>" to `progress` after every step, then sleeping `sleep_s` s."""
     import keras
-    import numpy as np
-
-    from transformer.base.config import RunConfig
-    from transformer.training.trainer import train
 
     class Progress(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -131,7 +131,20 @@ def run_train(config_path: Path, progress: Path | None, sleep_s: float, weights:
             if sleep_s:
                 time.sleep(sleep_s)
 
-    result = train(RunConfig.from_dict(json.loads(config_path.read_text())), extra_callbacks=(Progress(),))
+    return Progress()
+
+
+def run_train(config_path: Path, progress: Path | None, sleep_s: float, weights: Path | None,
+              logical_cpus: int) -> None:
+    if logical_cpus > 1:
+        _logical_cpus(logical_cpus)
+    import numpy as np
+
+    from transformer.base.config import RunConfig
+    from transformer.training.trainer import train
+
+    result = train(RunConfig.from_dict(json.loads(config_path.read_text())),
+                   extra_callbacks=(progress_callback(progress, sleep_s),))
     if weights is not None:
         np.savez(weights, *[v.numpy() for v in result.model.trainable_variables])
     print("DONE", json.dumps({k: v for k, v in result.summary.items() if k != "step_time"}), flush=True)
@@ -140,7 +153,10 @@ def run_train(config_path: Path, progress: Path | None, sleep_s: float, weights:
 # ---------------------------------------------------------------------------- save loop
 
 
-def save_loop(directory: Path, verify_only: bool) -> None:
+def _saved_state(directory: Path):
+    """(model, checkpoints, backup, epoch, step): a fresh ~4 MB model (~12 MB with its Adam state)
+    restored from DIR's latest epoch checkpoint and latest backup, each checked self-consistent
+    (weights = optimizer step = epoch); epoch/step 0 where there is none yet."""
     import keras
     import numpy as np
 
@@ -166,6 +182,18 @@ def save_loop(directory: Path, verify_only: bool) -> None:
     if metadata is not None:
         step = metadata["step"]
         assert consistent(step) and metadata["epoch"] == step, f"inconsistent backup {metadata}"
+    return model, checkpoints, backup, epoch, step
+
+
+def verify_saved(directory: Path) -> tuple[int, int]:
+    """(epoch, step) of DIR's latest checkpoint and backup; raises if either is unreadable or inconsistent."""
+    return _saved_state(directory)[3:]
+
+
+def save_loop(directory: Path, verify_only: bool) -> None:
+    import numpy as np
+
+    model, checkpoints, backup, epoch, step = _saved_state(directory)
     print("VERIFIED", epoch, step, flush=True)
     if verify_only:
         return

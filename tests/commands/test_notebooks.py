@@ -32,8 +32,9 @@ SOURCES = {name: name.replace(".ipynb", ".py") for name in NOTEBOOKS}  # jupytex
 REGENERATE = "jupytext --update --to ipynb notebooks/0*.py"
 CELL_TIMEOUT_S = 600
 
-# The corpus slice and vocabulary of the session tokenizers (conftest.bible_tokenizers): with
-# their TOKENIZER_ROOT the notebooks reuse them instead of spending ~25 s each learning new ones.
+# The corpus slice and vocabulary of the session tokenizers (conftest.bible_tokenizers), and their
+# TOKENIZER_ROOT. The notebooks' TokenizerConfig is not lower-cased, so the first notebook a test
+# process runs learns cased tokenizers (~12 s) into that root and the second one reuses them.
 TINY_MODEL = dict(MAX_TRAIN_EXAMPLES=TOKENIZER_PAIRS, MAX_VAL_EXAMPLES=20, VOCAB_SIZE=TOKENIZER_VOCAB,
                   NUM_LAYERS=1, D_MODEL=16, NUM_HEADS=2, DFF=32, MAX_LENGTH=32)
 TINY = {

@@ -1,5 +1,7 @@
 """Translator: robustness to bad input, input validation, order, chunking, attention output."""
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -98,12 +100,19 @@ def test_lengths_count_generated_tokens(translator):
     assert texts == translator.translate(["Deus é amor.", "   "])
 
 
+@pytest.fixture(scope="module")
+def with_streams(translator):
+    """`streams` → the module translator with that many decoding loops, built once per module
+    (each Translator traces its own decode loop, seconds apiece)."""
+    return functools.cache(lambda streams: translator.with_config(streams=streams))
+
+
 @pytest.mark.parametrize("streams, batch", [(2, 9), (3, 10), (2, 3), (3, 0)])
-def test_streams_give_the_one_loop_translations_in_input_order(translator, streams, batch):
+def test_streams_give_the_one_loop_translations_in_input_order(with_streams, streams, batch):
     # chunk_size 4: 9 sentences are chunks 4 + 4 + 1 over 2 loops; 3 sentences leave the second loop idle
     sentences = (BAD_INPUTS + ["Jesus chorou.", "E disse Deus: Haja luz."])[:batch]
-    texts, lengths = translator.with_config(streams=1).translate_with_lengths(sentences)
-    streamed = translator.with_config(streams=streams)
+    texts, lengths = with_streams(1).translate_with_lengths(sentences)
+    streamed = with_streams(streams)
     assert streamed.translate_with_lengths(sentences)[0] == texts
     np.testing.assert_array_equal(streamed.translate_with_lengths(sentences)[1], lengths)
     assert streamed.translate(sentences[::-1]) == texts[::-1]

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import script_main, write_report
+from conftest import script_main, tokenizers_reused, write_report
 
 from transformer.base.constants import SHARED_CORPUS_DIR
 from transformer.base.errors import ProjectError
@@ -57,17 +57,22 @@ def test_a_single_cell_prints_its_tables(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not BIBLE.is_dir(), reason=f"shared corpus not found at {BIBLE}")
-def test_two_cell_matrix_writes_one_report_per_cell_and_a_comparison(tmp_path, capsys):
+def test_two_cell_matrix_writes_one_report_per_cell_and_a_comparison(bible_tokenizers, tmp_path, capsys):
+    """Each cell trains in its own process; the cells reuse the session tokenizers (the same
+    corpus slice, vocabulary and root) instead of each learning and saving new ones."""
     out = tmp_path / "bench"
+    config = bible_tokenizers.config
     argv = [
         "--data", str(BIBLE), "--steps", "3",
         "--pipelines", "naive", "optimized", "--naive-batches", "16", "--token-batches", "512",
         "--device", "cpu", "--output", str(out), "--",
-        "--max-train-examples", "300", "--max-val-examples", "20", "--vocab-size", "400",
-        "--tokenizers-root", str(tmp_path / "tok"), "--num-layers", "1", "--d-model", "16",
+        "--max-train-examples", str(bible_tokenizers.data_config.max_train_examples), "--max-val-examples", "20",
+        "--vocab-size", str(config.vocab_size), "--lower-case", "--tokenizers-root", config.root,
+        "--num-layers", "1", "--d-model", "16",
         "--num-heads", "2", "--dff", "32", "--no-probe-peak", "--bleu-sentences", "0",  # no untrained decode
     ]
-    assert script_main("benchmark")(argv) == 0  # each cell still trains in its own process
+    with tokenizers_reused(bible_tokenizers):
+        assert script_main("benchmark")(argv) == 0  # each cell still trains in its own process
     assert "naive-off-noxla-16sent" in capsys.readouterr().out
     reports = sorted(out.glob("*/report.json"))
     assert [p.parent.name for p in reports] == ["naive-off-noxla-16sent", "optimized-off-noxla-512tok"]

@@ -51,6 +51,18 @@ def trained_once(model_config, steps: int, data, policy: str = "float32", peak: 
     return model, optimizer, loss
 
 
+_WHOLE_BATCH = {}
+
+
+def whole_batch_update(tie: str = "none"):
+    """`trained_once(model, 1, batch(model))` of MODEL with `tie_embeddings=tie`: the plain step's
+    update that several tests compare with, trained once per test process (read only)."""
+    if tie not in _WHOLE_BATCH:
+        model_config = dataclasses.replace(MODEL, tie_embeddings=tie)
+        _WHOLE_BATCH[tie] = trained_once(model_config, 1, batch(model_config))
+    return _WHOLE_BATCH[tie]
+
+
 def moments(optimizer):
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer under float16
     return [m.numpy() for m in inner._momentums], [v.numpy() for v in inner._velocities]
@@ -59,9 +71,8 @@ def moments(optimizer):
 @pytest.mark.parametrize("tie", ["none", "output"])  # sparse embedding gradients; and sparse + dense summed
 def test_two_micro_batches_give_the_update_of_the_whole_batch(tie):
     model_config = dataclasses.replace(MODEL, tie_embeddings=tie)
-    data = batch(model_config)
-    whole, whole_opt, whole_loss = trained_once(model_config, 1, data)
-    parts, parts_opt, parts_loss = trained_once(model_config, 2, data)
+    whole, whole_opt, whole_loss = whole_batch_update(tie)
+    parts, parts_opt, parts_loss = trained_once(model_config, 2, batch(model_config))
     assert int(whole_opt.iterations.numpy()) == int(parts_opt.iterations.numpy()) == 1  # one update each
     np.testing.assert_allclose(parts_loss, whole_loss, rtol=1e-6)
     # Adam's first moments are 0.1 × the gradient, its second 0.02 × its square: the gradients agree
@@ -78,9 +89,8 @@ def test_two_micro_batches_give_the_update_of_the_whole_batch(tie):
 
 def test_under_xla_the_micro_batches_still_give_the_update_of_the_whole_batch():
     """The accumulation loop compiled by XLA (the GPU default) gives the plain step's update."""
-    data = batch(MODEL)
-    _, whole_opt, whole_loss = trained_once(MODEL, 1, data)
-    parts, parts_opt, parts_loss = trained_once(MODEL, 2, data, xla=True)
+    _, whole_opt, whole_loss = whole_batch_update()
+    parts, parts_opt, parts_loss = trained_once(MODEL, 2, batch(MODEL), xla=True)
     assert parts.jit_compile and int(parts_opt.iterations.numpy()) == 1
     np.testing.assert_allclose(parts_loss, whole_loss, rtol=1e-5)
     for a, b in zip(moments(whole_opt)[0], moments(parts_opt)[0]):
@@ -92,7 +102,7 @@ def test_a_mean_of_micro_batch_means_would_differ():
     model_config = MODEL
     (src, tgt_in), tgt_out = batch(model_config)
     halves = [((src[s], tgt_in[s]), tgt_out[s]) for s in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))]
-    whole = moments(trained_once(model_config, 1, batch(model_config))[1])[0]
+    whole = moments(whole_batch_update()[1])[0]
     first, second = (moments(trained_once(model_config, 1, half)[1])[0] for half in halves)
     equal_weights = [(a + b) / 2 for a, b in zip(first, second)]
     assert max(np.abs(a - b).max() / (np.abs(a).max() + 1e-12) for a, b in zip(equal_weights, whole)) > 0.05
@@ -133,11 +143,10 @@ def test_mixed_precision_accumulates_the_same_gradients(policy):
 
 
 def test_the_learning_rate_counts_updates_not_micro_batches():
-    data = batch(MODEL)
-    _, optimizer, _ = trained_once(MODEL, 4, data)
+    _, optimizer, _ = trained_once(MODEL, 4, batch(MODEL))
     assert int(optimizer.iterations.numpy()) == 1
     schedule = optimizer.learning_rate  # the value the next update uses: step 2 of the warmup
-    _, reference, _ = trained_once(MODEL, 1, data)
+    _, reference, _ = whole_batch_update()
     assert float(schedule) == pytest.approx(float(reference.learning_rate))
 
 

@@ -65,9 +65,9 @@ def test_config_round_trips(variant, tmp_path):
 
 
 def test_tiny_model_with_every_knob_trains(tiny_model_config):
-    """One model with all knobs on (one traced train step: the suite has a time budget)."""
-    variant = tiny_model_config(dropout_rate=0.1, layer_norm="pre", tie_embeddings="all", src_vocab_size=48,
-                                attention_dropout=0.2, activation_dropout=0.1)
+    """One model with all knobs on (one block, one traced train step: the suite has a time budget)."""
+    variant = tiny_model_config(num_layers=1, dropout_rate=0.1, layer_norm="pre", tie_embeddings="all",
+                                src_vocab_size=48, attention_dropout=0.2, activation_dropout=0.1)
     keras.utils.set_random_seed(0)
     model = build(variant)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=MaskedSparseCrossEntropy())

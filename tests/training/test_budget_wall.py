@@ -20,7 +20,7 @@ from transformer.training.validation_bleu import ValidationBleu
 
 
 def test_wall_clock_run_ends_within_its_budget_and_shows_budget_progress(bible_tokenizers, tmp_path, capsys):
-    budget_min = 0.75  # 45 s of wall time: start-up, steps, evaluations and the final save included
+    budget_min = 0.5  # 30 s of wall time: start-up, steps, evaluations and the final save included
     config = run_config(bible_tokenizers, tmp_path / "run", epochs=None, steps_per_epoch=4,
                         time_budget_minutes=budget_min, budget_clock="wall", lr_schedule="cosine",
                         peak_learning_rate=1e-3, warmup_steps=2, bleu_sentences=8, verbose=1)

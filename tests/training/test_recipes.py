@@ -86,7 +86,8 @@ def cli_args(argv):
 def test_time_budget_stops_training_and_resume_keeps_the_spent_budget(bible_tokenizers, tmp_path):
     output = tmp_path / "run"
     budget_min = 0.25  # 15 s of training steps (the first one traces the step)
-    config = run_config(bible_tokenizers, output, validation=False, epochs=None, steps_per_epoch=5,
+    # epochs of 50 steps: few epoch-end checkpoint saves (outside the budget, each costs more than a step)
+    config = run_config(bible_tokenizers, output, validation=False, epochs=None, steps_per_epoch=50,
                         time_budget_minutes=budget_min, lr_schedule="cosine", peak_learning_rate=1e-3,
                         warmup_steps=2)
     with tokenizers_reused(bible_tokenizers):

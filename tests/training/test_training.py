@@ -285,6 +285,7 @@ def test_fit_reads_one_training_iterator_for_the_whole_run(bible_tokenizers, tmp
 
     monkeypatch.setattr(tf.data.Dataset, "__iter__", counting_iter)
     config = run_config(bible_tokenizers, tmp_path / "run", validation=False, epochs=2, steps_per_epoch=None)
+    config = config.replace(pipeline={"max_tokens": 4096})  # fewer, larger batches: fewer steps to run
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train(config)

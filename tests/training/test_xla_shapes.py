@@ -39,6 +39,13 @@ from transformer.training.training_data import count_batches, xla_workload
 MAX_LENGTH = 32
 GRID = [16, 24, 32]  # geometric_lengths(32)
 MAX_TOKENS = 256
+# The whole-epoch runs: two grid lengths are enough to show one program per length, and each
+# program costs seconds of CPU to compile.
+EPOCH_MAX_LENGTH = 24
+EPOCH_GRID = [16, 24]  # geometric_lengths(24)
+# XLA's CPU backend without LLVM's optimisation passes: what and how often XLA compiles, and its
+# persistent cache, are unchanged; each compilation takes a fraction of the time.
+FAST_CPU_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 H100 = DeviceFacts("gpu", "AMD EPYC", (), gpu_capability=(9, 0))
 
 
@@ -48,7 +55,7 @@ H100 = DeviceFacts("gpu", "AMD EPYC", (), gpu_capability=(9, 0))
 def test_geometric_grid_has_few_lengths_capped_at_max_length():
     assert geometric_lengths(128) == [16, 24, 32, 48, 64, 96, 128]
     assert geometric_lengths(200) == [16, 24, 32, 48, 64, 96, 128, 192, 200]
-    assert geometric_lengths(MAX_LENGTH) == GRID
+    assert geometric_lengths(MAX_LENGTH) == GRID and geometric_lengths(EPOCH_MAX_LENGTH) == EPOCH_GRID
     assert geometric_lengths(20) == [16, 20] and geometric_lengths(10) == [10]
     for max_length in range(1, 300):
         lengths = geometric_lengths(max_length)
@@ -281,17 +288,20 @@ def test_xla_cache_keeps_the_newest_programs_within_its_size(tmp_path):
 
 
 def train_process(bible_tokenizers, output, cache, *extra: str) -> dict:
-    """One epoch (training + validation) of a tiny model with --xla on in a fresh process; its report."""
+    """One epoch (training + validation) of a tiny model with --xla on in a fresh process; its report.
+    The child compiles with `FAST_CPU_COMPILE` (XLA reads $XLA_FLAGS once, in the child: every run
+    that shares the cache passes the same flags)."""
     data = bible_tokenizers.data_config
     args = ["--data", data.data_dir, "--max-train-examples", str(data.max_train_examples),
             "--max-val-examples", str(data.max_val_examples), "--vocab-size", str(bible_tokenizers.config.vocab_size),
             "--lower-case", "--tokenizers-root", bible_tokenizers.config.root,
             "--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--dff", "32",
-            "--max-length", str(MAX_LENGTH), "--max-tokens", str(MAX_TOKENS), "--epochs", "1", "--bleu-sentences", "0",
-            "--device", "cpu", "--mixed-precision", "off", "--xla", "on", "--xla-cache", str(cache),
-            "--no-probe-peak", "--verbose", "0", "--output", str(output), *extra]
+            "--max-length", str(EPOCH_MAX_LENGTH), "--max-tokens", str(MAX_TOKENS), "--epochs", "1",
+            "--bleu-sentences", "0", "--device", "cpu", "--mixed-precision", "off", "--xla", "on",
+            "--xla-cache", str(cache), "--no-probe-peak", "--verbose", "0", "--output", str(output), *extra]
     env = cli.subprocess_env()
     env.pop("TF_XLA_FLAGS", None)
+    env["XLA_FLAGS"] = FAST_CPU_COMPILE
     done = subprocess.run(cli.command_line("train", *args), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((output / "report.json").read_text())
@@ -303,19 +313,20 @@ def test_an_epoch_with_xla_compiles_one_program_per_grid_length_once(bible_token
     cache = tmp_path / "xla-cache"
     first = train_process(bible_tokenizers, tmp_path / "first", cache)
     compiled = first["compile"]
-    assert compiled["xla"] is True and compiled["length_grid"] == GRID  # auto → geometric with XLA
+    assert compiled["xla"] is True and compiled["length_grid"] == EPOCH_GRID  # auto → geometric with XLA
+    assert compiled["xla_flags"] == FAST_CPU_COMPILE
     steps_done = first["steps_done"]
     programs = 0
     for step in ("train", "evaluate"):
         entry = compiled[step]
         assert entry["traces"] == 1  # one trace; XLA then compiles per shape
-        assert 1 <= entry["compilations"] == len(entry["shapes"]) <= len(GRID)
+        assert 1 <= entry["compilations"] == len(entry["shapes"]) <= len(EPOCH_GRID)
         assert all(rows == MAX_TOKENS // length and length == tgt for rows, length, tgt in entry["shapes"])
         warmed = {tuple(shape) for shape in compiled["warmup"][step]["shapes"]}
         assert {(rows, length) for rows, length, _ in entry["shapes"]} <= warmed  # nothing left to the run
         assert compiled["warmup"][step]["failed"] == {}
         programs += len(warmed)
-    assert len(compiled["train"]["shapes"]) == len(GRID) and steps_done > 3 * len(GRID)  # a whole epoch
+    assert len(compiled["train"]["shapes"]) == len(EPOCH_GRID) and steps_done > 3 * len(EPOCH_GRID)  # a whole epoch
     assert compiled["warmup"]["threads"] == 2 and compiled["warmup"]["seconds"] > 0
     # XLA's own count, one cache file per compiled program: the warm-up's programs are the ones the
     # steps used (a warm-up keyed under another trace would have left the run to compile its own)
