@@ -1,52 +1,66 @@
-"""The decode-time breakdown: every part measured, the parts adding up to the whole."""
+"""The decode-time breakdown: every part measured, the parts adding up to the whole.
+
+The models are one-layer tiny ones and the sentences decode in two chunks: every timed part
+is traced once per chunk shape, so layers and chunks are what the breakdown's cost grows with."""
 
 import pytest
-from helpers_translation import tiny_translator
+from helpers_translation import shared_tokenizers, tiny_model
 
 from transformer.inference.decode_profile import decode_time_breakdown, format_breakdown, translator_chunks
-from transformer.inference.translator import DecodeConfig
+from transformer.inference.translator import DecodeConfig, Translator
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou.",
              "E disse Deus: Haja luz; e houve luz.", "E viu Deus que era boa a luz."]
+CHUNK_SIZE = 3  # the 5 sentences with tokens: chunks of 3 and 2
+
+
+def one_layer_translator(head_width: str = "tutorial", **config) -> Translator:
+    """A Translator over the shared test tokenizers and a tiny random one-layer model."""
+    tokenizers = shared_tokenizers()[0]
+    model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()), num_layers=1,
+                       head_width=head_width)
+    return Translator(tokenizers, model, DecodeConfig(chunk_size=CHUNK_SIZE, **config))
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    """(translator, its breakdown): greedy decoding with the input cache, shared by the parts test
+    and the beam test (which decodes the same chunks with the same model)."""
+    translator = one_layer_translator()
+    return translator, decode_time_breakdown(translator, SENTENCES, repeats=1)
 
 
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])  # input cache, key/value cache
-def test_breakdown_parts_add_up(head_width):
-    translator = tiny_translator(DecodeConfig(chunk_size=2))
-    if head_width == "paper":
-        from helpers_translation import tiny_model
-
-        from transformer.inference.translator import Translator
-
-        tokenizers = translator.tokenizers
-        model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),
-                           max_length=24, head_width="paper")
-        translator = Translator(tokenizers, model, DecodeConfig(chunk_size=2))
+def test_breakdown_parts_add_up(head_width, request):
+    if head_width == "tutorial":
+        translator, breakdown = request.getfixturevalue("greedy")
+    else:
+        translator = one_layer_translator(head_width)
+        breakdown = decode_time_breakdown(translator, SENTENCES, repeats=1)
     chunks = translator_chunks(translator, SENTENCES)
-    assert [int(c.shape[0]) for c in chunks] == [2, 2, 1]  # the empty sentence is not decoded
-    breakdown = decode_time_breakdown(translator, SENTENCES, repeats=1)
+    assert [int(c.shape[0]) for c in chunks] == [3, 2]  # the empty sentence is not decoded
     seconds = breakdown["seconds"]
     for part in ("tokenize", "encoder", "decoder_steps", "projection", "cache_update", "selection", "detokenize",
                  "decode_loop"):
         assert seconds[part] > 0, part
-    assert breakdown["steps"] > 0 and breakdown["chunks"] == 3
+    assert breakdown["steps"] > 0 and breakdown["chunks"] == 2
     assert abs(sum(breakdown["share"].values()) - 1) < 0.01
     assert "| loop_overhead |" in format_breakdown(breakdown)
 
 
-def test_beam_breakdown_adds_up_and_runs_at_least_greedy_steps():
+def test_beam_breakdown_adds_up_and_runs_at_least_greedy_steps(greedy):
     """Beam search (the step on the by-slot cache with a lineage): every part is timed, the
     parts add up, and it runs at least greedy's steps on the same chunks."""
-    greedy = decode_time_breakdown(tiny_translator(DecodeConfig(chunk_size=2)), SENTENCES, repeats=2)
-    beam = decode_time_breakdown(tiny_translator(DecodeConfig(chunk_size=2, beam_size=3)), SENTENCES, repeats=2)
+    translator, greedy_breakdown = greedy
+    beam = decode_time_breakdown(translator.with_config(beam_size=3), SENTENCES, repeats=2)
     assert beam["beam_size"] == 3 and min(beam["seconds"][p] for p in ("decoder_steps", "cache_update")) > 0
     assert abs(sum(beam["share"].values()) - 1) < 0.01
-    assert beam["steps"] >= greedy["steps"] > 0
+    assert beam["steps"] >= greedy_breakdown["steps"] > 0
 
 
 def test_breakdown_refuses_xla():
     with pytest.raises(ValueError, match="without XLA"):
-        decode_time_breakdown(tiny_translator(DecodeConfig(jit_compile=True)), SENTENCES)
+        decode_time_breakdown(one_layer_translator(jit_compile=True), SENTENCES)
 
 
 def test_benchmark_decoding_profile_command(tiny_run, tmp_path, capsys):
@@ -55,7 +69,8 @@ def test_benchmark_decoding_profile_command(tiny_run, tmp_path, capsys):
     from conftest import script_main
 
     output = tmp_path / "profile.json"
-    argv = ["--run", str(tiny_run), "--profile", "--limit", "5", "--repeats", "1", "--chunk-size", "2",
+    # One chunk of 3 sentences: the command's wiring is under test here, not the chunking.
+    argv = ["--run", str(tiny_run), "--profile", "--limit", "3", "--repeats", "1", "--chunk-size", "3",
             "--output", str(output)]
     assert script_main("benchmark_decoding")(argv) == 0
     report = json.loads(output.read_text())

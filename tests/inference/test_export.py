@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 from helpers_process import run_without_project
-from helpers_translation import BAD_INPUTS, tiny_translator
+from helpers_translation import BAD_INPUTS, shared_tokenizers, tiny_model
 
 from transformer.inference.export import MANIFEST, decode_config_of, export_translator, load_exported
-from transformer.inference.translator import DecodeConfig
+from transformer.inference.translator import DecodeConfig, Translator
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou."] + BAD_INPUTS
 
@@ -43,6 +43,15 @@ def _clean_env():
     return env
 
 
+def small_translator(config: DecodeConfig, algorithm: str = "wordpiece") -> Translator:
+    """A Translator over `shared_tokenizers(algorithm)` and a tiny random one-layer model, for the
+    tests that export their own: an export traces every layer and every decoding loop (`streams`), so
+    one layer and one loop about halve its cost."""
+    tokenizers = shared_tokenizers(algorithm)[0]
+    model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()), num_layers=1)
+    return Translator(tokenizers, model, config)
+
+
 @pytest.fixture
 def exported(tiny_export):
     """(translator, path) of the session's tiny export (conftest)."""
@@ -61,9 +70,10 @@ def test_fresh_process_with_only_tensorflow_loads_and_matches(exported):
 def test_loader_matches_in_memory_translator(exported):
     translator, path = exported
     loaded = load_exported(path)
-    assert loaded.translate(SENTENCES) == translator.translate(SENTENCES)
+    translations = loaded.translate(SENTENCES)
+    assert translations == translator.translate(SENTENCES)
     assert loaded.manifest["decode"]["streams"] == DecodeConfig().streams > 1  # the default: several loops at once
-    assert loaded.translate(SENTENCES) == translator.with_config(streams=1).translate(SENTENCES)
+    assert translations == translator.with_config(streams=1).translate(SENTENCES)
     texts, lengths = loaded.translate_with_lengths(SENTENCES[:2])
     assert texts == translator.translate(SENTENCES[:2]) and len(lengths) == 2
     details = loaded.attention(SENTENCES[:2])
@@ -109,9 +119,8 @@ def test_saved_model_cli_show_and_run(exported):
 
 def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
     from transformer.inference.rundir import cast_model
-    from transformer.inference.translator import Translator
 
-    translator = tiny_translator(DecodeConfig(chunk_size=4))
+    translator = small_translator(DecodeConfig(chunk_size=4, streams=1))  # one loop: test_loader_… checks several
     bf16 = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), translator.config)
     assert bf16.model.encoder_layers[0].ffn.inner.kernel.dtype == "bfloat16"
     ids = tf.constant([[2, 5, 6, 3]])
@@ -127,7 +136,7 @@ def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
 def test_sentencepiece_export_is_deterministic_and_matches_in_a_fresh_process(tmp_path):
     """A translator over SentencePiece tokenizers: the export segments deterministically (the same
     output twice) and loads with tensorflow + tensorflow_text only, translating as in memory."""
-    translator = tiny_translator(DecodeConfig(chunk_size=4), algorithm="sentencepiece")
+    translator = small_translator(DecodeConfig(chunk_size=4, streams=1), algorithm="sentencepiece")
     path = export_translator(translator, tmp_path / "translator")
     expected = translator.translate(SENTENCES)
     assert translator.translate(SENTENCES) == expected
