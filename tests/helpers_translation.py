@@ -67,13 +67,15 @@ def shared_tokenizers(algorithm: str = "wordpiece"):
     return _build_test_tokenizers(algorithm)
 
 
-def tiny_translator(config=None, seed: int = 0, max_length: int = 24, algorithm: str = "wordpiece"):
-    """A Translator over `shared_tokenizers(algorithm)` and a tiny random model."""
+def tiny_translator(config=None, seed: int = 0, max_length: int = 24, algorithm: str = "wordpiece",
+                    num_layers: int = 2, head_width: str = "tutorial"):
+    """A Translator over `shared_tokenizers(algorithm)` and a tiny random model (`tiny_model`'s
+    `num_layers` and `head_width`: one layer about halves what tracing a decoder or export costs)."""
     from transformer.inference.translator import DecodeConfig, Translator
 
     tokenizers = shared_tokenizers(algorithm)[0]
     model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()),
-                       max_length=max_length, seed=seed)
+                       max_length=max_length, seed=seed, num_layers=num_layers, head_width=head_width)
     return Translator(tokenizers, model, config or DecodeConfig())
 
 

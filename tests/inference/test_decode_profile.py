@@ -3,8 +3,10 @@
 The models are one-layer tiny ones and the sentences decode in two chunks: every timed part
 is traced once per chunk shape, so layers and chunks are what the breakdown's cost grows with."""
 
+import functools
+
 import pytest
-from helpers_translation import shared_tokenizers, tiny_model
+from helpers_translation import tiny_translator
 
 from transformer.inference.decode_profile import decode_time_breakdown, format_breakdown, translator_chunks
 from transformer.inference.translator import DecodeConfig, Translator
@@ -15,28 +17,24 @@ CHUNK_SIZE = 3  # the 5 sentences with tokens: chunks of 3 and 2
 
 
 def one_layer_translator(head_width: str = "tutorial", **config) -> Translator:
-    """A Translator over the shared test tokenizers and a tiny random one-layer model."""
-    tokenizers = shared_tokenizers()[0]
-    model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()), num_layers=1,
-                       head_width=head_width)
-    return Translator(tokenizers, model, DecodeConfig(chunk_size=CHUNK_SIZE, **config))
+    """`tiny_translator` with one layer and chunks of `CHUNK_SIZE` (`config`: more DecodeConfig fields)."""
+    return tiny_translator(DecodeConfig(chunk_size=CHUNK_SIZE, **config), num_layers=1, head_width=head_width)
 
 
 @pytest.fixture(scope="module")
 def greedy():
-    """(translator, its breakdown): greedy decoding with the input cache, shared by the parts test
-    and the beam test (which decodes the same chunks with the same model)."""
-    translator = one_layer_translator()
-    return translator, decode_time_breakdown(translator, SENTENCES, repeats=1)
+    """head_width → (one-layer translator, its greedy breakdown), each computed once per module:
+    the parts test checks both, the beam test decodes the same chunks with the "tutorial" model."""
+    def breakdown(head_width: str) -> tuple:
+        translator = one_layer_translator(head_width)
+        return translator, decode_time_breakdown(translator, SENTENCES, repeats=1)
+
+    return functools.cache(breakdown)
 
 
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])  # input cache, key/value cache
-def test_breakdown_parts_add_up(head_width, request):
-    if head_width == "tutorial":
-        translator, breakdown = request.getfixturevalue("greedy")
-    else:
-        translator = one_layer_translator(head_width)
-        breakdown = decode_time_breakdown(translator, SENTENCES, repeats=1)
+def test_breakdown_parts_add_up(head_width, greedy):
+    translator, breakdown = greedy(head_width)
     chunks = translator_chunks(translator, SENTENCES)
     assert [int(c.shape[0]) for c in chunks] == [3, 2]  # the empty sentence is not decoded
     seconds = breakdown["seconds"]
@@ -51,7 +49,7 @@ def test_breakdown_parts_add_up(head_width, request):
 def test_beam_breakdown_adds_up_and_runs_at_least_greedy_steps(greedy):
     """Beam search (the step on the by-slot cache with a lineage): every part is timed, the
     parts add up, and it runs at least greedy's steps on the same chunks."""
-    translator, greedy_breakdown = greedy
+    translator, greedy_breakdown = greedy("tutorial")
     beam = decode_time_breakdown(translator.with_config(beam_size=3), SENTENCES, repeats=2)
     assert beam["beam_size"] == 3 and min(beam["seconds"][p] for p in ("decoder_steps", "cache_update")) > 0
     assert abs(sum(beam["share"].values()) - 1) < 0.01

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 from helpers_process import run_without_project
-from helpers_translation import BAD_INPUTS, shared_tokenizers, tiny_model
+from helpers_translation import BAD_INPUTS, tiny_translator
 
 from transformer.inference.export import MANIFEST, decode_config_of, export_translator, load_exported
 from transformer.inference.translator import DecodeConfig, Translator
@@ -41,15 +41,6 @@ def _clean_env():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("PYTHONPATH", None)
     return env
-
-
-def small_translator(config: DecodeConfig, algorithm: str = "wordpiece") -> Translator:
-    """A Translator over `shared_tokenizers(algorithm)` and a tiny random one-layer model, for the
-    tests that export their own: an export traces every layer and every decoding loop (`streams`), so
-    one layer and one loop about halve its cost."""
-    tokenizers = shared_tokenizers(algorithm)[0]
-    model = tiny_model(int(tokenizers.src.get_vocab_size()), int(tokenizers.tgt.get_vocab_size()), num_layers=1)
-    return Translator(tokenizers, model, config)
 
 
 @pytest.fixture
@@ -120,7 +111,8 @@ def test_saved_model_cli_show_and_run(exported):
 def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
     from transformer.inference.rundir import cast_model
 
-    translator = small_translator(DecodeConfig(chunk_size=4, streams=1))  # one loop: test_loader_… checks several
+    # one layer and one loop: an export traces each of both; test_loader_… checks several loops
+    translator = tiny_translator(DecodeConfig(chunk_size=4, streams=1), num_layers=1)
     bf16 = Translator(translator.tokenizers, cast_model(translator.model, "bfloat16"), translator.config)
     assert bf16.model.encoder_layers[0].ffn.inner.kernel.dtype == "bfloat16"
     ids = tf.constant([[2, 5, 6, 3]])
@@ -136,7 +128,7 @@ def test_bfloat16_export_matches_in_memory_bfloat16_model(tmp_path):
 def test_sentencepiece_export_is_deterministic_and_matches_in_a_fresh_process(tmp_path):
     """A translator over SentencePiece tokenizers: the export segments deterministically (the same
     output twice) and loads with tensorflow + tensorflow_text only, translating as in memory."""
-    translator = small_translator(DecodeConfig(chunk_size=4, streams=1), algorithm="sentencepiece")
+    translator = tiny_translator(DecodeConfig(chunk_size=4, streams=1), algorithm="sentencepiece", num_layers=1)
     path = export_translator(translator, tmp_path / "translator")
     expected = translator.translate(SENTENCES)
     assert translator.translate(SENTENCES) == expected

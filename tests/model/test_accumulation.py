@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 
 import keras
 import numpy as np
@@ -51,16 +52,12 @@ def trained_once(model_config, steps: int, data, policy: str = "float32", peak: 
     return model, optimizer, loss
 
 
-_WHOLE_BATCH = {}
-
-
-def whole_batch_update(tie: str = "none"):
+@functools.cache
+def whole_batch_update(tie: str):
     """`trained_once(model, 1, batch(model))` of MODEL with `tie_embeddings=tie`: the plain step's
     update that several tests compare with, trained once per test process (read only)."""
-    if tie not in _WHOLE_BATCH:
-        model_config = dataclasses.replace(MODEL, tie_embeddings=tie)
-        _WHOLE_BATCH[tie] = trained_once(model_config, 1, batch(model_config))
-    return _WHOLE_BATCH[tie]
+    model_config = dataclasses.replace(MODEL, tie_embeddings=tie)
+    return trained_once(model_config, 1, batch(model_config))
 
 
 def moments(optimizer):
@@ -89,7 +86,7 @@ def test_two_micro_batches_give_the_update_of_the_whole_batch(tie):
 
 def test_under_xla_the_micro_batches_still_give_the_update_of_the_whole_batch():
     """The accumulation loop compiled by XLA (the GPU default) gives the plain step's update."""
-    _, whole_opt, whole_loss = whole_batch_update()
+    _, whole_opt, whole_loss = whole_batch_update("none")
     parts, parts_opt, parts_loss = trained_once(MODEL, 2, batch(MODEL), xla=True)
     assert parts.jit_compile and int(parts_opt.iterations.numpy()) == 1
     np.testing.assert_allclose(parts_loss, whole_loss, rtol=1e-5)
@@ -102,7 +99,7 @@ def test_a_mean_of_micro_batch_means_would_differ():
     model_config = MODEL
     (src, tgt_in), tgt_out = batch(model_config)
     halves = [((src[s], tgt_in[s]), tgt_out[s]) for s in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS))]
-    whole = moments(whole_batch_update()[1])[0]
+    whole = moments(whole_batch_update("none")[1])[0]
     first, second = (moments(trained_once(model_config, 1, half)[1])[0] for half in halves)
     equal_weights = [(a + b) / 2 for a, b in zip(first, second)]
     assert max(np.abs(a - b).max() / (np.abs(a).max() + 1e-12) for a, b in zip(equal_weights, whole)) > 0.05
@@ -146,7 +143,7 @@ def test_the_learning_rate_counts_updates_not_micro_batches():
     _, optimizer, _ = trained_once(MODEL, 4, batch(MODEL))
     assert int(optimizer.iterations.numpy()) == 1
     schedule = optimizer.learning_rate  # the value the next update uses: step 2 of the warmup
-    _, reference, _ = whole_batch_update()
+    _, reference, _ = whole_batch_update("none")
     assert float(schedule) == pytest.approx(float(reference.learning_rate))
 
 
