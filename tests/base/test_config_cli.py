@@ -97,6 +97,7 @@ def test_load_errors_name_the_file(tmp_path):
     ("pipeline", {"max_tokens": 0}, "pipeline.max_tokens"),
     ("train", {"mixed_precision": "fp8"}, "train.mixed_precision"),
     ("train", {"steps_per_epoch": 0}, "train.steps_per_epoch"),
+    ("train", {"validation_steps": 0}, "train.validation_steps"),
     ("data", {"max_train_examples": 0}, "data.max_train_examples"),
     ("data", {"max_val_examples": -1}, "data.max_val_examples"),
     ("tokenizer", {"vocab_size": 0}, "tokenizer.vocab_size"),

@@ -279,7 +279,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ema-every", type=int, metavar="K",
                        help=f"update the average every K optimizer steps, with decay D^K (default {TrainConfig.ema_every})")
     group.add_argument("--steps-per-epoch", type=int)
-    group.add_argument("--validation-steps", type=int)
+    group.add_argument("--validation-steps", type=int, metavar="N",
+                       help="validate on the first N batches of the validation split, the same ones at every "
+                            "epoch (default: the whole split)")
     group.add_argument("--seed", type=int)
     group.add_argument("--warmup-steps", type=int)
     group.add_argument("--label-smoothing", type=float)

@@ -406,6 +406,9 @@ class TrainConfig:
             raise ValueError(f"train.keep_checkpoints must be > 0, got {self.keep_checkpoints}")
         if self.steps_per_epoch is not None and self.steps_per_epoch <= 0:
             raise ValueError(f"train.steps_per_epoch must be > 0, got {self.steps_per_epoch}")
+        if self.validation_steps is not None and self.validation_steps <= 0:
+            raise ValueError(f"train.validation_steps must be > 0 (or unset: the whole validation split), "
+                             f"got {self.validation_steps}")
         if isinstance(self.accumulate_steps, bool) or not isinstance(self.accumulate_steps, int) \
                 or self.accumulate_steps < 1:
             raise ValueError(f"train.accumulate_steps must be an integer >= 1, got {self.accumulate_steps!r}")

@@ -113,6 +113,9 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
                   repeat: Optional[bool] = None):
     """(training, validation or None) datasets of global batches, auto-shard policy set.
 
+    The validation batches are the split's first `--validation-steps` batches (all without it),
+    read from the start at every evaluation.
+
     `tokenized`: `tokenized_training_pairs(...)` built before (e.g. by `count_batches`), or None.
     `repeat`: the training batches repeat without end (`fit` then needs `steps_per_epoch`);
     None: only when `--steps-per-epoch` is set.
@@ -145,4 +148,9 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
     val_batches = None
     if corpus.validation is not None:
         val_batches = distribute.shard_input(batches(corpus.validation, False))
+        if config.train.validation_steps:
+            # The same first N batches every epoch, so validation losses compare across epochs.
+            # (`fit(validation_steps=N)` would read the next N from one iterator kept across epochs,
+            # and under a distribution strategy end with a bare StopIteration once it runs out.)
+            val_batches = val_batches.take(config.train.validation_steps)
     return train_batches, val_batches
