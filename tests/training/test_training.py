@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import json
 import shutil
+import warnings
 
 import keras
 import numpy as np
@@ -138,16 +139,21 @@ EPOCHS, STEPS = 2, 3
 
 @pytest.fixture(scope="module")
 def fresh_run(bible_tokenizers, tmp_path_factory):
-    """One fresh `train()` run of EPOCHS × STEPS steps with validation (shared: it is the slow part)."""
+    """One fresh `train()` run of EPOCHS × STEPS steps with validation (shared: it is the slow part),
+    with the Python warnings it issued."""
     output = tmp_path_factory.mktemp("fresh") / "run"
     config = run_config(bible_tokenizers, output, epochs=EPOCHS, steps_per_epoch=STEPS)
-    with tokenizers_reused(bible_tokenizers):
+    with tokenizers_reused(bible_tokenizers), warnings.catch_warnings(record=True) as issued:
+        warnings.simplefilter("always")
         result = train(config)
-    return config, result, output
+    return config, result, output, [str(w.message) for w in issued]
 
 
 def test_train_end_to_end_writes_a_complete_run(bible_tokenizers, fresh_run):
-    config, result, output = fresh_run
+    config, result, output, issued = fresh_run
+    # Keras warns of neither a shuffle it ignores nor an input that "ran out of data; interrupting
+    # training" (the validation batches are counted; the training batches repeat).
+    assert not [w for w in issued if "ran out of data" in w or "shuffle" in w], issued
     saved = RunConfig.load(output / CONFIG_FILE)
     vocab = (int(bible_tokenizers.tokenizers.src.get_vocab_size()), int(bible_tokenizers.tokenizers.tgt.get_vocab_size()))
     assert (saved.model.src_vocab_size, saved.model.tgt_vocab_size) == vocab
@@ -186,7 +192,7 @@ def test_train_end_to_end_writes_a_complete_run(bible_tokenizers, fresh_run):
 
 def test_resume_continues_the_step_count(bible_tokenizers, fresh_run, tmp_path):
     """Resuming the fresh run (EPOCHS epochs done) for one more epoch continues its step count."""
-    _, first, fresh_output = fresh_run
+    _, first, fresh_output, _ = fresh_run
     output = tmp_path / "run"
     shutil.copytree(fresh_output, output)  # leave the shared run untouched
     first_weights = [w.numpy() for w in first.model.weights]
@@ -295,6 +301,23 @@ def test_fit_reads_one_training_iterator_for_the_whole_run(bible_tokenizers, tmp
     assert report["steps_done"] == report["steps_planned"] == 2 * per_epoch
     assert len(opened) == 1
     assert not [w for w in caught if "ran out of data" in str(w.message)]
+
+
+@pytest.mark.parametrize("steps_per_epoch", [None, 3], ids=["counted", "steps-per-epoch"])
+def test_a_split_that_fills_no_batch_is_an_error_not_an_empty_run(bible_tokenizers, tmp_path, steps_per_epoch):
+    """Each length bucket trains only full batches: a split too small for one batch of the budget
+    trains nothing. Counted (before any step) or seen after `fit` (--steps-per-epoch), it is an
+    error naming the flag, and the report says so; not a "completed" run of an untrained model."""
+    from transformer.base.errors import InputError
+
+    output = tmp_path / "run"
+    config = run_config(bible_tokenizers, output, validation=False, steps_per_epoch=steps_per_epoch)
+    config = config.replace(pipeline={"max_tokens": 1 << 20})  # 32,768 rows at length 32: more than the split
+    with tokenizers_reused(bible_tokenizers), pytest.raises(InputError, match=r"fills no training batch.*--max-tokens"):
+        train(config)
+    report = json.loads((output / "report.json").read_text())
+    assert report["state"] == "crashed" and "fills no training batch" in report["error"]["message"]
+    assert report["steps_done"] == 0
 
 
 def test_accumulated_steps_are_updates_of_n_micro_batches(bible_tokenizers, tmp_path):

@@ -75,6 +75,7 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
                 initial_epoch=initial_epoch,
                 steps_per_epoch=steps_per_epoch,
                 validation_data=val_batches if job.validate else None,
+                shuffle=False,  # the pipeline shuffles the training batches itself
                 callbacks=job.callbacks,
                 verbose=0 if config.train.time_budget_minutes is not None else config.train.verbose,
             ).history

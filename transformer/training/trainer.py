@@ -85,7 +85,13 @@ from transformer.training.progress import BudgetProgress, dynamic_display
 from transformer.training.replica_timing import ReplicaBatchTimer
 from transformer.training.summaries import StepTensorBoard
 from transformer.training.timing import BatchTimer
-from transformer.training.training_data import count_batches, epoch_steps, tokenized_training_pairs, xla_workload
+from transformer.training.training_data import (
+    count_batches,
+    epoch_steps,
+    no_batches_error,
+    tokenized_training_pairs,
+    xla_workload,
+)
 from transformer.training.validation_bleu import ValidationBleu, fixed_sample
 from transformer.training.xla_warmup import run_warmup, warmup_threads
 
@@ -322,6 +328,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
         steps_per_epoch = epoch_steps(corpus, tokenizers, config, strategy_name, replicas, tokenized)
     if steps_per_epoch is not None and not config.train.steps_per_epoch:
         log.info("one epoch = %d batches (counted in %.1f s)", steps_per_epoch, time.perf_counter() - counting)
+        if steps_per_epoch == 0:
+            raise no_batches_error(corpus, config, replicas)
     log.info("%s", decision.summary())
     report.run["precision_decision"] = decision.to_dict()
     config.save(write_dir / CONFIG_FILE)
@@ -414,7 +422,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
             job = FitJob(model, checkpoints, callbacks, corpus, tokenizers, strategy_name, replicas, report,
                          initial_state, validate=not _evaluates_loss(callbacks), on_retry=on_retry,
                          tokenized=tokenized, steps_per_epoch=steps_per_epoch)
+            steps_before = int(optimizer.iterations.numpy())
             history, config = fit_with_auto_batch(job, config, initial_epoch)
+            if int(optimizer.iterations.numpy()) == steps_before and initial_epoch < config.train.planned_epochs:
+                raise no_batches_error(corpus, config, replicas)  # --steps-per-epoch: the batches were not counted
     finally:  # also when the resumed run dies: the report says where it started
         if backup is not None and backup.restored is not None:
             report.run["resumed_from_backup"] = backup.restored

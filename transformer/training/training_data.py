@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+import tensorflow as tf
+
 from transformer.base.config import AUTO, RECIPE_MAX_TOKENS, RunConfig
+from transformer.base.errors import InputError
 from transformer.data.pipeline import (
     length_grid,
     make_batches,
@@ -85,6 +88,19 @@ def epoch_steps(corpus, tokenizers, config: RunConfig, strategy_name: str, repli
     return count_batches(corpus, tokenizers, config, replicas, tokenized)
 
 
+def no_batches_error(corpus, config: RunConfig, replicas: int = 1) -> InputError:
+    """The error of a training split that fills no training batch (each length bucket keeps only
+    full batches, so a split smaller than one batch per bucket trains nothing)."""
+    pipeline = config.pipeline
+    batch = (f"{pipeline.max_tokens} tokens per batch (--max-tokens)" if pipeline.kind == "optimized" and pipeline.max_tokens
+             else f"{pipeline.batch_size} sentences per batch (--batch-size)")
+    if update_rows(config, replicas) > 1:
+        batch += f" × {update_rows(config, replicas)} (replicas × --accumulate-steps)"
+    return InputError(f"the training split of {corpus.name} ({corpus.num_train} pairs) fills no training batch of "
+                      f"{batch}: a length bucket trains only full batches",
+                      hint="lower --max-tokens (or --batch-size), or train on more pairs")
+
+
 def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: bool,
                  compile_threads: int = 1) -> XlaWorkload:
     """What the run would compile with XLA and how long it trains (`precision.XlaWorkload`).
@@ -147,10 +163,23 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
         train_batches = train_batches.repeat()
     val_batches = None
     if corpus.validation is not None:
-        val_batches = distribute.shard_input(batches(corpus.validation, False))
-        if config.train.validation_steps:
-            # The same first N batches every epoch, so validation losses compare across epochs.
-            # (`fit(validation_steps=N)` would read the next N from one iterator kept across epochs,
-            # and under a distribution strategy end with a bare StopIteration once it runs out.)
-            val_batches = val_batches.take(config.train.validation_steps)
+        val_batches = validation_batches(distribute.shard_input(batches(corpus.validation, False)),
+                                         config.train.validation_steps)
     return train_batches, val_batches
+
+
+def validation_batches(batches: tf.data.Dataset, steps: Optional[int]) -> tf.data.Dataset:
+    """The first `steps` of `batches` (all when None), with their count as the dataset's cardinality.
+
+    The same batches at every evaluation, so validation losses compare across epochs
+    (`fit(validation_steps=N)` would read the next N from one iterator kept across epochs, and
+    under a distribution strategy end with a bare StopIteration once it ran out). The count
+    (one pass, which fills the tokenized split's cache) lets Keras end each evaluation without
+    its "ran out of data; interrupting training" warning.
+    """
+    if steps:
+        batches = batches.take(steps)
+    count = int(batches.cardinality().numpy())
+    if count < 0:  # unknown (length-bucketed batches)
+        count = int(batches.reduce(0, lambda n, _: n + 1).numpy())
+    return batches.apply(tf.data.experimental.assert_cardinality(count))
