@@ -67,14 +67,14 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
     while True:
         train_batches, val_batches = make_datasets(job.corpus, job.tokenizers, config, job.strategy_name,
                                                    job.replicas, tokenized=job.tokenized,
-                                                   repeat=steps_per_epoch is not None)
+                                                   repeat=steps_per_epoch is not None, validation=job.validate)
         try:
             history = job.model.fit(
                 train_batches,
                 epochs=config.train.planned_epochs,
                 initial_epoch=initial_epoch,
                 steps_per_epoch=steps_per_epoch,
-                validation_data=val_batches if job.validate else None,
+                validation_data=val_batches,
                 shuffle=False,  # the pipeline shuffles the training batches itself
                 callbacks=job.callbacks,
                 verbose=0 if config.train.time_budget_minutes is not None else config.train.verbose,

@@ -126,7 +126,7 @@ def xla_workload(config: RunConfig, steps_per_epoch: Optional[int], validation: 
 
 
 def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, replicas: int, tokenized=None,
-                  repeat: Optional[bool] = None):
+                  repeat: Optional[bool] = None, validation: bool = True):
     """(training, validation or None) datasets of global batches, auto-shard policy set.
 
     The validation batches are the split's first `--validation-steps` batches (all without it),
@@ -135,6 +135,7 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
     `tokenized`: `tokenized_training_pairs(...)` built before (e.g. by `count_batches`), or None.
     `repeat`: the training batches repeat without end (`fit` then needs `steps_per_epoch`);
     None: only when `--steps-per-epoch` is set.
+    `validation`: False gives no validation batches (e.g. `fit` does not validate), so none are counted.
     """
     max_length = config.model.max_length
     if strategy_name == "tpu":
@@ -162,7 +163,7 @@ def make_datasets(corpus, tokenizers, config: RunConfig, strategy_name: str, rep
     if repeat if repeat is not None else bool(config.train.steps_per_epoch):
         train_batches = train_batches.repeat()
     val_batches = None
-    if corpus.validation is not None:
+    if validation and corpus.validation is not None:
         val_batches = validation_batches(distribute.shard_input(batches(corpus.validation, False)),
                                          config.train.validation_steps)
     return train_batches, val_batches
