@@ -66,6 +66,11 @@ def count_batches(corpus, tokenizers, config: RunConfig, replicas: int = 1, toke
     batches = make_batches(corpus.training_pairs, tokenizers, config.pipeline, config.model.max_length,
                            training=True, seed=config.train.seed, replicas=update_rows(config, replicas),
                            tokenized=tokenized)
+    return dataset_length(batches)
+
+
+def dataset_length(batches: tf.data.Dataset) -> int:
+    """Elements of a finite dataset, counted by one pass over it."""
     return int(batches.reduce(0, lambda count, _: count + 1).numpy())
 
 
@@ -94,8 +99,9 @@ def no_batches_error(corpus, config: RunConfig, replicas: int = 1) -> InputError
     pipeline = config.pipeline
     batch = (f"{pipeline.max_tokens} tokens per batch (--max-tokens)" if pipeline.kind == "optimized" and pipeline.max_tokens
              else f"{pipeline.batch_size} sentences per batch (--batch-size)")
-    if update_rows(config, replicas) > 1:
-        batch += f" × {update_rows(config, replicas)} (replicas × --accumulate-steps)"
+    rows = update_rows(config, replicas)
+    if rows > 1:
+        batch += f" × {rows} (replicas × --accumulate-steps)"
     return InputError(f"the training split of {corpus.name} ({corpus.num_train} pairs) fills no training batch of "
                       f"{batch}: a length bucket trains only full batches",
                       hint="lower --max-tokens (or --batch-size), or train on more pairs")
@@ -182,5 +188,5 @@ def validation_batches(batches: tf.data.Dataset, steps: Optional[int]) -> tf.dat
         batches = batches.take(steps)
     count = int(batches.cardinality().numpy())
     if count < 0:  # unknown (length-bucketed batches)
-        count = int(batches.reduce(0, lambda n, _: n + 1).numpy())
+        count = dataset_length(batches)
     return batches.apply(tf.data.experimental.assert_cardinality(count))
