@@ -86,7 +86,7 @@ def bible_tokenizers(bible_data_config) -> BuiltTokenizers:
 def tiny_export(tmp_path_factory):
     """(translator, path): one tiny random translator (`tiny_translator(DecodeConfig(chunk_size=4))`)
     and its SavedModel export, made once per test process and shared by the export, stepping and
-    Unicode tests (an export costs ~14 s of CPU). Read-only: a test that writes exports its own."""
+    Unicode tests (an export costs ~6 s of CPU). Read-only: a test that writes exports its own."""
     from helpers_translation import tiny_translator
 
     from transformer.inference.export import export_translator

@@ -279,7 +279,7 @@ class CTranslate2Translator:
         self.src_tokens = vocabulary(self.tokenizers.src)
         self.tgt_ids = {token: i for i, token in enumerate(vocabulary(self.tokenizers.tgt))}
         self._source_ids = tf.function(lambda s: tokenize_sources(self.tokenizers.src, s, self.max_length),
-                                       input_signature=[tf.TensorSpec([None], tf.string)])
+                                       input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
 
     def translate_ids(self, source_ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Source ids ([START] … [END], no padding) per sentence → generated ids ([END] included)."""

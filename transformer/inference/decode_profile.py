@@ -8,7 +8,7 @@ Greedy or beam search, as the translator decodes. Each part is timed on its own,
 
     tokenize       strings → source ids (sanitise, WordPiece, truncate), all sentences at once
     encoder        encoder + the cross-attention keys/values (`encode`, `StepDecoder.start`), per chunk
-    decode_loop    the whole decoding loop of a chunk (`Translator._decode_ids`, encoder included)
+    decode_loop    the whole decoding loop of a chunk (`Translator._decode_ids_impl`, encoder included)
     step           one decoder step `[rows]` (`StepDecoder.step`: all decoder layers, the
                    self-attention cache update and the float32 projection; beam search: the
                    cache kept by slot and masked by a lineage) at the middle step of the
@@ -52,7 +52,7 @@ def _checksum(outputs) -> tf.Tensor:
 
 def _timed(fn: Callable) -> Callable:
     """`fn` in a tf.function returning `_checksum` of its outputs."""
-    return tf.function(lambda *args: _checksum(fn(*args)))
+    return tf.function(lambda *args: _checksum(fn(*args)), autograph=False)
 
 
 def _best_time(fn: Callable, repeats: int) -> float:
@@ -97,9 +97,9 @@ def decode_time_breakdown(translator, sentences: Sequence[str], *, repeats: int 
     text = tf.constant(list(sentences))
     tokenize = _timed(lambda: translator.source_ids(text)[0].flat_values)
     seconds = {"tokenize": _best_time(tokenize, repeats)}
-    encode = tf.function(lambda src, filled: _encode(model, decoder, src, filled, beam))
+    encode = tf.function(lambda src, filled: _encode(model, decoder, src, filled, beam), autograph=False)
     encoder = _timed(lambda src: _encode(model, decoder, src, 0, 1))
-    search = tf.function(lambda src: _search(translator, src))
+    search = tf.function(lambda src: _search(translator, src), autograph=False)
     loop = _timed(translator._decode_ids_impl)
     step = _timed(lambda ids, index, context, cache, lineage: decoder.step(context, ids, index, cache, beam,
                                                                            lineage)[:2])

@@ -140,7 +140,7 @@ def tutorial_translate_fn(translator) -> TranslateFn:
 
     max_steps = translator.max_length
 
-    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
     def translate_one(sentence):
         src, has_tokens = translator.source_ids(sentence[tf.newaxis])
         ids = decoding.uncached_greedy_decode(translator.model, tf.cast(src.to_tensor(), tf.int32), max_steps)

@@ -89,11 +89,13 @@ class ContinuousDecoder:
         layers = [(kv, kv)] * len(model.decoder_layers)
         row = tf.TensorSpec([None], tf.int32)
         state = (row, row, row, layers, layers, tf.TensorSpec([None, 1, 1, None], tf.float32))
-        self._admit = tf.function(self._admit_impl, input_signature=[SENTENCES_SPEC, row, state])
-        self._keep = tf.function(self._keep_impl, input_signature=[row, state])
-        self._advance = tf.function(self._advance_impl, input_signature=[state, tf.TensorSpec([], tf.int32)])
+        self._admit = tf.function(self._admit_impl, input_signature=[SENTENCES_SPEC, row, state], autograph=False)
+        self._keep = tf.function(self._keep_impl, input_signature=[row, state], autograph=False)
+        self._advance = tf.function(self._advance_impl, input_signature=[state, tf.TensorSpec([], tf.int32)],
+                                    autograph=False)
         self._state_invariants = tf.nest.map_structure(lambda spec: spec.shape, state)
-        self._detokenize_ids = tf.function(translator.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)])
+        self._detokenize_ids = tf.function(translator.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)],
+                                            autograph=False)
         self.steps = self.row_steps = 0
         self._returned_at = 0  # `steps` when ended rows were last returned
         self.reset()

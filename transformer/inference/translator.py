@@ -86,6 +86,18 @@ def _round_up(x: tf.Tensor, multiple: int) -> tf.Tensor:
     return (x + multiple - 1) // multiple * multiple
 
 
+class _NotExported:
+    """Holds a `tf.function` that an export keeps only inside the functions calling it."""
+
+    def __init__(self, function):
+        self.function = function
+
+
+# The outputs of `Translator.serve_attention` (the export's "attention" signature).
+ATTENTION_OUTPUTS = ("translations", "source_tokens", "source_lengths", "target_ids", "target_tokens",
+                     "target_lengths", "attention")
+
+
 class Translator(tf.Module):
     """Tokenizers + Transformer + a decoding strategy.
 
@@ -114,7 +126,9 @@ class Translator(tf.Module):
             raise ValueError(
                 f"tokenizer vocab sizes (src {src_vocab}, tgt {tgt_vocab}) do not match the model's "
                 f"(src {model.config.src_vocab_size}, tgt {model.config.tgt_vocab_size})")
-        self._decode_ids = tf.function(self._decode_ids_impl, jit_compile=config.jit_compile)
+        # One trace for every loop and signature. Held outside the module's attributes: `tf.saved_model.save`
+        # would otherwise also export it on its own, tracing it again at the top level (~3 s per export).
+        self._decode = _NotExported(tf.function(self._decode_ids_impl, jit_compile=config.jit_compile, autograph=False))
 
     def with_config(self, **changes) -> "Translator":
         """A Translator sharing this one's model and tokenizers with some DecodeConfig fields changed."""
@@ -139,21 +153,23 @@ class Translator(tf.Module):
         return {k: v.numpy() for k, v in self.serve_attention(as_string_batch(sentences)).items()}
 
     # ---- graph functions (saved with an export) ----------------------------------------
-    @tf.function(input_signature=[SENTENCES_SPEC])
-    def translate_strings(self, sentences):
-        return self._translate(sentences)["translations"]
-
-    @tf.function(input_signature=[SENTENCES_SPEC])
+    @tf.function(input_signature=[SENTENCES_SPEC], autograph=False)
     def translate_lengths(self, sentences):
         """→ {"translations": [batch] tf.string, "num_tokens": [batch] int32}."""
         return self._translate(sentences)
 
-    @tf.function(input_signature=[SENTENCES_SPEC])
+    # The two below call `translate_lengths` (a function call in their graphs): an export traces
+    # and stores the decoding graph once, not once per signature.
+    @tf.function(input_signature=[SENTENCES_SPEC], autograph=False)
+    def translate_strings(self, sentences):
+        return self.translate_lengths(sentences)["translations"]
+
+    @tf.function(input_signature=[SENTENCES_SPEC], autograph=False)
     def serve(self, sentences):
         """The `serving_default` signature: {"translations": [batch] tf.string}."""
-        return {"translations": self._translate(sentences)["translations"]}
+        return {"translations": self.translate_lengths(sentences)["translations"]}
 
-    @tf.function(input_signature=[SENTENCES_SPEC])
+    @tf.function(input_signature=[SENTENCES_SPEC], autograph=False)
     def serve_attention(self, sentences):
         """Greedy translation with tokens and cross-attention, for plots (no chunking, no XLA).
 
@@ -230,14 +246,14 @@ class Translator(tf.Module):
     def _decode_chunk(self, src_ids):
         """`[b, S]` int32 → (ids `[b, T]` int32, lengths `[b]` int32); pads shapes for XLA."""
         if not self.config.jit_compile:
-            return self._decode_ids(src_ids)
+            return self._decode.function(src_ids)
         b, length = tf.shape(src_ids)[0], tf.shape(src_ids)[1]
         sizes = sorted({min(4 ** i, self.config.chunk_size) for i in range(12)})  # 1, 4, 16, 64, …, chunk
         padded_b = tf.gather(sizes, tf.reduce_sum(tf.cast(tf.constant(sizes) < b, tf.int32)))
         padded_len = tf.minimum(_round_up(length, self.config.length_bucket), self.max_length)
         padded_len = tf.maximum(padded_len, length)
         src_ids = tf.pad(src_ids, [[0, padded_b - b], [0, padded_len - length]])
-        ids, lengths = self._decode_ids(src_ids)
+        ids, lengths = self._decode.function(src_ids)
         return ids[:b], lengths[:b]
 
     def _decode_ids_impl(self, src_ids):
