@@ -53,6 +53,7 @@ DATASET = "ted_hrlr_translate/pt_to_en"   # the TFDS dataset used when DATA_DIR 
 MAX_TRAIN_EXAMPLES = 20000   # first N training pairs (None: all); also what the tokenizers learn from
 MAX_VAL_EXAMPLES = 200
 VOCAB_SIZE = 8000            # WordPiece vocabulary per language
+LOWER_CASE = False           # lower-case both sides before learning (the tutorial did); the references keep case
 
 # Model size (the TF tutorial's: 4 layers, d_model 128, 8 heads, dff 512).
 NUM_LAYERS = 4
@@ -179,7 +180,7 @@ from transformer.base.config import DataConfig, ModelConfig, PipelineConfig, Run
 BASE_CONFIG = RunConfig(
     data=DataConfig(data_dir=DATA_DIR, dataset=DATASET, max_train_examples=MAX_TRAIN_EXAMPLES,
                     max_val_examples=MAX_VAL_EXAMPLES),
-    tokenizer=TokenizerConfig(vocab_size=VOCAB_SIZE, root=str(TOKENIZER_ROOT)),  # shared by the runs
+    tokenizer=TokenizerConfig(vocab_size=VOCAB_SIZE, lower_case=LOWER_CASE, root=str(TOKENIZER_ROOT)),  # shared by the runs
     model=ModelConfig(num_layers=NUM_LAYERS, d_model=D_MODEL, num_heads=NUM_HEADS, dff=DFF,
                       head_width="tutorial", max_length=MAX_LENGTH),
     pipeline=PipelineConfig(batch_size=BATCH_SIZE, max_tokens=MAX_TOKENS),

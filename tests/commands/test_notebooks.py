@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import REPO_ROOT, TOKENIZER_PAIRS, TOKENIZER_VOCAB
+from conftest import REPO_ROOT, TOKENIZER_PAIRS, TOKENIZER_VOCAB, tokenizers_reused
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 NOTEBOOK_01 = "01_train_cpu_vs_gpu.ipynb"
@@ -32,10 +32,9 @@ SOURCES = {name: name.replace(".ipynb", ".py") for name in NOTEBOOKS}  # jupytex
 REGENERATE = "jupytext --update --to ipynb notebooks/0*.py"
 CELL_TIMEOUT_S = 600
 
-# The corpus slice and vocabulary of the session tokenizers (conftest.bible_tokenizers), and their
-# TOKENIZER_ROOT. The notebooks' TokenizerConfig is not lower-cased, so the first notebook a test
-# process runs learns cased tokenizers (~12 s) into that root and the second one reuses them.
-TINY_MODEL = dict(MAX_TRAIN_EXAMPLES=TOKENIZER_PAIRS, MAX_VAL_EXAMPLES=20, VOCAB_SIZE=TOKENIZER_VOCAB,
+# The corpus slice, vocabulary and case of the session tokenizers (conftest.bible_tokenizers), and
+# their TOKENIZER_ROOT: the notebooks reuse them (asserted) instead of learning their own.
+TINY_MODEL = dict(MAX_TRAIN_EXAMPLES=TOKENIZER_PAIRS, MAX_VAL_EXAMPLES=20, VOCAB_SIZE=TOKENIZER_VOCAB, LOWER_CASE=True,
                   NUM_LAYERS=1, D_MODEL=16, NUM_HEADS=2, DFF=32, MAX_LENGTH=32)
 TINY = {
     NOTEBOOK_01: dict(TINY_MODEL, STEPS=3, VALIDATION_STEPS=1, BATCH_SIZE=16, MAX_TOKENS=256,
@@ -191,7 +190,8 @@ def _run(name: str, bible_tokenizers, tmp_path: Path):
                      TOKENIZER_ROOT=bible_tokenizers.config.root)
     notebook = with_parameters(_load(name), overrides)
     started = time.perf_counter()
-    execute(notebook, cwd=NOTEBOOKS_DIR, kernel_dir=tmp_path / "kernels")
+    with tokenizers_reused(bible_tokenizers):
+        execute(notebook, cwd=NOTEBOOKS_DIR, kernel_dir=tmp_path / "kernels")
     print(f"{name}: executed in {time.perf_counter() - started:.0f} s")
     return notebook, output_root
 
