@@ -270,6 +270,35 @@ def test_counting_batches_shares_the_tokenized_cache_with_training(bible_tokeniz
     assert tokenized_training_pairs(corpus, tokenizers, naive) is None  # tokenizes per batch
 
 
+def test_every_input_pipeline_runs_without_the_autotuning_thread(bible_tokenizers, tmp_path):
+    """Dropping an iterator whose tf.data autotuning thread is asleep can stop the whole process
+    for up to 60 s (transformer/runtime/tfdata.py). Every pipeline training reads has the thread
+    off, through the trainer's own wrappers (sharding options, validation's take + cardinality):
+    streamed and planned training batches, the naive pipeline, TPU batches."""
+    import tensorflow as tf
+
+    from transformer.data.epoch_plan import PairIds
+    from transformer.data.pipeline import tokenize_pairs
+    from transformer.runtime import distribute
+    from transformer.training.training_data import make_datasets, tokenized_training_pairs
+
+    corpus, tokenizers = bible_tokenizers.corpus, bible_tokenizers.tokenizers
+    pipelines, forms = {}, set()
+    for kind, batches in (("naive", "planned"), ("optimized", "planned"), ("optimized", "streamed")):
+        config = run_config(bible_tokenizers, tmp_path / kind, steps_per_epoch=None)
+        config = config.replace(pipeline={"kind": kind, "training_batches": batches})
+        tokenized = tokenized_training_pairs(corpus, tokenizers, config)
+        forms.add("naive" if tokenized is None else "planned" if isinstance(tokenized, PairIds) else
+                  "streamed" if isinstance(tokenized, tf.data.Dataset) else repr(tokenized))
+        pipelines[f"{kind} {batches}: train"], pipelines[f"{kind} {batches}: validation"] = make_datasets(
+            corpus, tokenizers, config, "default", 1, tokenized=tokenized)
+    assert forms == {"naive", "planned", "streamed"}, forms
+    pipelines["tpu"] = distribute.tpu_batches(tokenize_pairs(corpus.validation, tokenizers, 16), 4, 16, False)
+    for name, dataset in pipelines.items():
+        assert dataset.options().autotune.enabled is False, name
+    assert tf.data.Dataset.range(3).options().autotune.enabled is not False  # tf.data's own default: on
+
+
 def test_fit_reads_one_training_iterator_for_the_whole_run(bible_tokenizers, tmp_path, monkeypatch):
     """Without --steps-per-epoch an epoch is one counted pass of a repeated dataset: Keras opens
     one training iterator for the run (given a dataset of unknown length it opens a new one

@@ -29,6 +29,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from transformer.runtime.tfdata import with_pipeline_options
+
 AUTOTUNE = tf.data.AUTOTUNE
 TOKENIZE_BATCH = 4096  # sentences per tokenizer call while building `PairIds`
 
@@ -65,7 +67,7 @@ def tokenize_part(pairs: tf.data.Dataset, segment_src, segment_tgt, max_length: 
         return (tf.cast(segment_src(src)[:, :max_length], tf.int32),
                 tf.cast(segment_tgt(tgt)[:, : max_length + 1], tf.int32))
 
-    return list(pairs.batch(TOKENIZE_BATCH).map(tokenize, num_parallel_calls=AUTOTUNE))
+    return list(with_pipeline_options(pairs.batch(TOKENIZE_BATCH).map(tokenize, num_parallel_calls=AUTOTUNE)))
 
 
 def join_parts(pieces: list[tuple]) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:

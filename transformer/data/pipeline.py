@@ -20,6 +20,8 @@ Sequences are truncated to `max_length` tokens.
      with all-pad rows, which the masked loss and metrics ignore, so evaluation adds no
      shapes either;
   5. prefetch (AUTOTUNE).
+Every pipeline runs without tf.data's autotuning thread (`runtime.tfdata`: dropping an
+iterator could stop the process for up to 60 s).
 Training batches from ids held in memory (`pair_ids`, what training builds when the cache is
 "memory" and there is no subword sampling) are instead planned a whole epoch at a time
 (transformer/data/epoch_plan.py): the same batches from a full shuffle, with vectorized ops
@@ -49,6 +51,7 @@ import tensorflow as tf
 from transformer.base.config import PipelineConfig, parse_length_buckets
 from transformer.data.epoch_plan import PairIds, join_parts, planned_batches, tokenize_part
 from transformer.data.mixing import Mixture
+from transformer.runtime.tfdata import with_pipeline_options
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -102,7 +105,8 @@ def naive_pipeline(pairs, tokenizers, batch_size: int, max_length: int, training
 
     if training:
         pairs = pairs.shuffle(shuffle_buffer, seed=seed)
-    return pairs.batch(batch_size).map(prepare_batch, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    return with_pipeline_options(pairs.batch(batch_size).map(prepare_batch, num_parallel_calls=AUTOTUNE)
+                                 .prefetch(AUTOTUNE))
 
 
 def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: str = "memory",
@@ -236,7 +240,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     if isinstance(tokenized, PairIds):
         if not training:
             raise ValueError("planned batches are for training; evaluation batches stream")
-        return planned_batches(tokenized, lengths, batch_sizes, seed)
+        return with_pipeline_options(planned_batches(tokenized, lengths, batch_sizes, seed))
     if tokenized is None and isinstance(pairs, Mixture):
         tokenized = tokenize_mixture(pairs, tokenizers, config, max_length, seed)
     elif tokenized is None:
@@ -254,7 +258,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     )
     if not training and fixed_rows(config):
         batched = batched.map(_pad_rows(lengths, batch_sizes), num_parallel_calls=AUTOTUNE)
-    return batched.prefetch(AUTOTUNE)
+    return with_pipeline_options(batched.prefetch(AUTOTUNE))
 
 
 def _pad_rows(lengths: list[int], batch_sizes: list[int]):

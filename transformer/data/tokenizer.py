@@ -40,6 +40,7 @@ from transformer.base.errors import InputError
 from transformer.data import unigram, wordpiece
 from transformer.data.corpora import ParallelCorpus
 from transformer.runtime.artifacts import load_saved_model
+from transformer.runtime.tfdata import with_pipeline_options
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,8 @@ def learn_vocab(sentences: tf.data.Dataset, config: TokenizerConfig) -> list[str
     if config.learn_max_examples:
         sentences = sentences.take(config.learn_max_examples)
     words = bert_vocab.bert_tokenizer.BasicTokenizer(**_bert_params(config.lower_case))
-    counts = bert_vocab.learner.count_words(sentences.batch(1000).prefetch(2).map(words.tokenize))
+    counts = bert_vocab.learner.count_words(with_pipeline_options(sentences.batch(1000).prefetch(2)
+                                                                  .map(words.tokenize)))
     return wordpiece.learn(counts, config.vocab_size, list(RESERVED_TOKENS))
 
 
@@ -232,7 +234,8 @@ def learn_unigram(sentences: tf.data.Dataset, config: TokenizerConfig) -> bytes:
     """Learns a SentencePiece unigram model (serialized proto) from a dataset of scalar tf.string sentences."""
     if config.learn_max_examples:
         sentences = sentences.take(config.learn_max_examples)
-    text = (sentence.decode("utf-8", errors="replace") for sentence in sentences.as_numpy_iterator())
+    text = (sentence.decode("utf-8", errors="replace")
+            for sentence in with_pipeline_options(sentences).as_numpy_iterator())
     return unigram.learn(text, config.vocab_size, config.lower_case)
 
 

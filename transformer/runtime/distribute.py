@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from transformer.base.constants import STRATEGIES
 from transformer.base.errors import InputError
+from transformer.runtime.tfdata import with_pipeline_options
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def tpu_batches(tokenized: tf.data.Dataset, batch_size: int, max_length: int, tr
     def split(src, tgt):  # [B, L], [B, L + 1] → ((src, tgt_in), tgt_out), all [B, L]
         return (src, tgt[:, :-1]), tgt[:, 1:]
 
-    return batched.map(split, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return with_pipeline_options(batched.map(split, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
 
 
 # ---------------------------------------------------------------------------- Keras workarounds
