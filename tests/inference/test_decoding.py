@@ -15,6 +15,12 @@ MAX_STEPS = 20
 SRC_SPEC = [tf.TensorSpec([None, None], tf.int32)]  # one trace for every source shape
 
 
+def graph(fn, **kwargs):
+    """`fn` as a tf.function traced without AutoGraph, as the Translator and the export trace the
+    decoding code (its loops are `tf.while_loop`s written out)."""
+    return tf.function(fn, autograph=False, **kwargs)
+
+
 def padded_sources():
     """Three source rows of different lengths ([START] … [END]), padded with 0: `[3, 8]`."""
     rows = [[START_ID, 5, 6, 7, 9, END_ID], [START_ID, 11, END_ID], [START_ID, 4, 8, 10, 12, 13, 14, END_ID]]
@@ -26,7 +32,7 @@ def by_drop_fraction(decode, fractions) -> dict:
     """{fraction: graph-mode `decode(src, max_lengths, drop_finished=fraction)`} for `padded_sources`
     rows and int32 `[batch]` limits."""
     spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
-    return {fraction: tf.function(lambda s, n, fraction=fraction: decode(s, n, drop_finished=fraction),
+    return {fraction: graph(lambda s, n, fraction=fraction: decode(s, n, drop_finished=fraction),
                                   input_signature=spec) for fraction in fractions}
 
 
@@ -39,8 +45,8 @@ def pad_to(ids: np.ndarray, width: int) -> np.ndarray:
 def test_cached_batched_greedy_equals_uncached_batch_one_greedy(seed, head_width, lean):
     model = tiny_model(seed=seed, head_width=head_width)  # input cache / key-value cache
     rows, src = padded_sources()
-    cached = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS, lean=lean))(src)
-    uncached_fn = tf.function(lambda s: decoding.uncached_greedy_decode(model, s, MAX_STEPS), input_signature=SRC_SPEC)
+    cached = graph(lambda s: decoding.greedy_translate(model, s, MAX_STEPS, lean=lean))(src)
+    uncached_fn = graph(lambda s: decoding.uncached_greedy_decode(model, s, MAX_STEPS), input_signature=SRC_SPEC)
     for i, row in enumerate(rows):
         reference = uncached_fn(tf.constant([row], tf.int32)).numpy()  # the tutorial's loop, batch 1
         np.testing.assert_array_equal(cached.ids.numpy()[i], pad_to(reference, MAX_STEPS)[0], err_msg=f"row {i}")
@@ -178,7 +184,7 @@ def test_beam_size_one_equals_greedy(head_width, lean):
     model = tiny_model(seed=3, head_width=head_width)
     _, src = padded_sources()
     greedy = decoding.greedy_translate(model, src, MAX_STEPS, lean=lean)
-    beam = tf.function(lambda s: decoding.beam_translate(model, s, 1, MAX_STEPS, lean=lean))(src)
+    beam = graph(lambda s: decoding.beam_translate(model, s, 1, MAX_STEPS, lean=lean))(src)
     np.testing.assert_array_equal(beam.ids.numpy()[:, 0], greedy.ids.numpy())
     np.testing.assert_array_equal(beam.lengths.numpy()[:, 0], greedy.lengths.numpy())
     np.testing.assert_allclose(beam.log_probs.numpy()[:, 0], greedy.log_probs.numpy(), rtol=1e-5, atol=1e-5)
@@ -187,7 +193,7 @@ def test_beam_size_one_equals_greedy(head_width, lean):
 def test_beam_hypotheses_sorted_by_penalised_score_and_batch_independent():
     model = tiny_model(seed=4)
     rows, src = padded_sources()
-    search = tf.function(lambda s: decoding.beam_translate(model, s, 4, MAX_STEPS, alpha=0.6), input_signature=SRC_SPEC)
+    search = graph(lambda s: decoding.beam_translate(model, s, 4, MAX_STEPS, alpha=0.6), input_signature=SRC_SPEC)
     result = search(src)
     scores = result.scores.numpy()
     assert np.all(np.diff(scores, axis=1) <= 1e-6), scores
@@ -242,7 +248,7 @@ def test_lean_beam_with_untiled_source_equals_fixed_cache_beam(head_width):
     model = tiny_model(seed=4, head_width=head_width)
     _, src = padded_sources()
     limits = tf.constant([12, 6, 20])
-    searches = [tf.function(lambda s, lean=lean: decoding.beam_translate(
+    searches = [graph(lambda s, lean=lean: decoding.beam_translate(
         model, s, 4, MAX_STEPS, alpha=0.6, max_lengths=limits, lean=lean)) for lean in (True, False)]
     for seed in (4, 12):  # the traced searches read the model's variables: new weights, no new trace
         model.set_weights(tiny_model(seed=seed, head_width=head_width).get_weights())
@@ -295,10 +301,10 @@ def test_greedy_compiles_with_xla_and_matches_graph_mode():
     """The fixed-size cache compiles under XLA and gives the lean (growing-cache) loop's ids."""
     model = tiny_model(seed=5)
     _, src = padded_sources()
-    graph = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
-    xla = tf.function(lambda s: decoding.greedy_translate(model, s, MAX_STEPS, lean=False), jit_compile=True)(src)
-    np.testing.assert_array_equal(xla.ids.numpy(), graph.ids.numpy())
-    np.testing.assert_allclose(xla.log_probs.numpy(), graph.log_probs.numpy(), rtol=1e-4, atol=1e-4)
+    lean = graph(lambda s: decoding.greedy_translate(model, s, MAX_STEPS))(src)
+    xla = graph(lambda s: decoding.greedy_translate(model, s, MAX_STEPS, lean=False), jit_compile=True)(src)
+    np.testing.assert_array_equal(xla.ids.numpy(), lean.ids.numpy())
+    np.testing.assert_allclose(xla.log_probs.numpy(), lean.log_probs.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_early_stopping_keeps_the_best_hypothesis_and_stops_sooner():
@@ -397,7 +403,7 @@ def test_lean_beam_cache_kept_by_slot_equals_cache_gathered_by_parent(head_width
                                     drop_finished=drop_finished, by_slot=by_slot)
 
     spec = SRC_SPEC + [tf.TensorSpec([None], tf.int32)]
-    by_slot, by_parent = (tf.function(lambda s, n, b=b: search(s, n, b), input_signature=spec)(src, limits)
+    by_slot, by_parent = (graph(lambda s, n, b=b: search(s, n, b), input_signature=spec)(src, limits)
                           for b in (True, False))
     np.testing.assert_array_equal(by_slot.ids.numpy(), by_parent.ids.numpy())
     np.testing.assert_array_equal(by_slot.lengths.numpy(), by_parent.lengths.numpy())
