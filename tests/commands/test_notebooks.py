@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from conftest import REPO_ROOT, TOKENIZER_PAIRS, TOKENIZER_VOCAB, tokenizers_reused
+from jupyter_core.utils import run_sync
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 NOTEBOOK_01 = "01_train_cpu_vs_gpu.ipynb"
@@ -88,9 +90,19 @@ def execute(notebook, cwd: Path, kernel_dir: Path):
     km = AsyncKernelManager(kernel_name="nmt-notebook-test",
                             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     client = NotebookClient(notebook, km=km, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(cwd)}})
-    # The kernel starts as a user's would: without the allocator choice earlier tests left in os.environ.
-    client.execute(env={k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")})
+    try:
+        # The kernel starts as a user's would: without the allocator choice earlier tests left in os.environ.
+        client.execute(env={k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")})
+    finally:  # nbclient shuts down only kernels it started itself; this one (TensorFlow loaded: ~1.2 GB) too
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
     return notebook
+
+
+def _kernels() -> set:
+    """pids of this process's running notebook kernels."""
+    return {child.pid for child in psutil.Process().children(recursive=True)
+            if "ipykernel_launcher" in " ".join(child.cmdline())}
 
 
 def _outputs_text(notebook) -> str:
@@ -177,8 +189,10 @@ def test_a_cell_error_fails_the_execution(tmp_path):
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
                                                nbformat.v4.new_code_cell("raise ValueError('broken cell')")])
+    before = _kernels()
     with pytest.raises(CellExecutionError, match="broken cell"):
         execute(notebook, cwd=tmp_path, kernel_dir=tmp_path / "kernels")
+    assert _kernels() <= before, "the notebook's kernel is still running"
 
 
 # ----------------------------------------------------------------------------- execution
