@@ -94,6 +94,36 @@ def test_saved_model_reloads_in_a_fresh_process(bible_tokenizers, tmp_path):
     assert output["transformer"] is False
 
 
+def test_saving_tokenizers_traces_each_method_once(bible_tokenizers, tmp_path, monkeypatch):
+    """Methods are traced inside `tf.saved_model.save` only: not when the tokenizers are made,
+    and not again by the save's own re-tracing of each signature. The SavedModel still serves
+    every signature: tokenize, detokenize of dense and ragged ids, lookup."""
+    import tensorflow as tf
+
+    traced = collections.Counter()
+    cls = tokenizer_module.WordPieceTokenizer
+    segment, text = cls._segment, cls._text
+    monkeypatch.setattr(cls, "_segment", lambda self, s: (traced.update(["tokenize"]), segment(self, s))[1])
+    monkeypatch.setattr(cls, "_text", lambda self, ids: (traced.update(["detokenize"]), text(self, ids))[1])
+    directory = bible_tokenizers.directory
+    module = tokenizer_module.PairTokenizers(str(directory / "src_vocab.txt"), str(directory / "tgt_vocab.txt"),
+                                             bible_tokenizers.config.lower_case)
+    assert not traced
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    assert traced == {"tokenize": 2, "detokenize": 4}  # per language: tokenize; detokenize dense and ragged
+    loaded, reference = tf.saved_model.load(str(tmp_path / "saved")), bible_tokenizers.tokenizers
+    texts = sentences(bible_tokenizers, 1, 4, split="validation")
+    ids = loaded.tgt.tokenize(texts)
+    assert ids.to_list() == reference.tgt.tokenize(texts).to_list()
+    def plain(t):
+        return t.to_list() if isinstance(t, tf.RaggedTensor) else t.numpy().tolist()
+
+    for form in (ids, ids.to_tensor()):
+        for method in ("detokenize", "lookup"):
+            assert plain(getattr(loaded.tgt, method)(form)) == plain(getattr(reference.tgt, method)(form)), method
+    assert int(loaded.src.get_vocab_size()) == int(reference.src.get_vocab_size())
+
+
 def test_same_inputs_reuse_the_directory(bible_tokenizers, monkeypatch):
     def no_learning(*args, **kwargs):
         raise AssertionError("tokenizers were rebuilt instead of reused")

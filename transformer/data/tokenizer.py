@@ -84,12 +84,25 @@ class LanguageTokenizer(tf.Module):
         self.vocab = tf.Variable(vocab, trainable=False, name="vocab")
         self._reserved = tf.constant(list(RESERVED_TOKENS))
 
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        if save_type == "savedmodel":  # inside `tf.saved_model.save`'s own context
+            self._trace()
+        return super()._trackable_children(save_type, **kwargs)
+
     def _trace(self) -> None:
-        """Concrete functions of every method, so the SavedModel has them."""
-        self.tokenize.get_concrete_function(tf.TensorSpec([None], tf.string))
-        self.detokenize.get_concrete_function(tf.TensorSpec([None, None], tf.int64))
+        """Concrete functions of every method, so the SavedModel has them.
+
+        Traced when a SavedModel is written (`_trackable_children`), not when the tokenizer is
+        made: `tf.saved_model.save` traces in a context of its own (its variable policy is part
+        of the function cache key), so functions traced before were traced twice. The specs
+        carry the arguments' names, as the save's own re-tracing of each signature does (a
+        name is part of a spec's cache key): each method is traced once. In a process that uses
+        the tokenizer without saving it, each method is traced at its first call.
+        """
+        self.tokenize.get_concrete_function(tf.TensorSpec([None], tf.string, name="strings"))
+        self.detokenize.get_concrete_function(tf.TensorSpec([None, None], tf.int64, name="token_ids"))
         self.detokenize.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int64))
-        self.lookup.get_concrete_function(tf.TensorSpec([None, None], tf.int64))
+        self.lookup.get_concrete_function(tf.TensorSpec([None, None], tf.int64, name="token_ids"))
         self.lookup.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int64))
         self.get_vocab_size.get_concrete_function()
         self.get_reserved_tokens.get_concrete_function()
@@ -132,7 +145,6 @@ class WordPieceTokenizer(LanguageTokenizer):
         super().__init__(Path(vocab_path).read_text(encoding="utf-8").splitlines())
         self._vocab_asset = tf.saved_model.Asset(vocab_path)
         self.tokenizer = tf_text.BertTokenizer(vocab_path, **_bert_params(lower_case))
-        self._trace()
 
     def _segment(self, strings):
         return self.tokenizer.tokenize(strings).merge_dims(-2, -1)  # [batch, (tokens)]
@@ -162,9 +174,12 @@ class SentencePieceTokenizer(LanguageTokenizer):
         self.tokenizer = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32, name=name)
         super().__init__([piece.decode() for piece in self.tokenizer.id_to_string(
             tf.range(self.tokenizer.vocab_size())).numpy()])
-        self._trace()
-        self.tokenize_sampled.get_concrete_function(tf.TensorSpec([None], tf.string), tf.TensorSpec([], tf.int32),
-                                                    tf.TensorSpec([], tf.float32))
+
+    def _trace(self) -> None:
+        super()._trace()
+        self.tokenize_sampled.get_concrete_function(tf.TensorSpec([None], tf.string, name="strings"),
+                                                    tf.TensorSpec([], tf.int32, name="nbest"),
+                                                    tf.TensorSpec([], tf.float32, name="alpha"))
 
     def _segment(self, strings):
         return tf.cast(self.tokenizer.tokenize(strings), tf.int64)
