@@ -115,6 +115,7 @@ def test_saving_tokenizers_traces_each_method_once(bible_tokenizers, tmp_path, m
     texts = sentences(bible_tokenizers, 1, 4, split="validation")
     ids = loaded.tgt.tokenize(texts)
     assert ids.to_list() == reference.tgt.tokenize(texts).to_list()
+
     def plain(t):
         return t.to_list() if isinstance(t, tf.RaggedTensor) else t.numpy().tolist()
 

@@ -66,14 +66,17 @@ def make_batches(pairs: tf.data.Dataset | Mixture, tokenizers, config: PipelineC
     `replicas`: batch sizes in `config` are per replica; every batch holds `replicas` times
     as many sentences (a global batch that tf.distribute splits into equal parts).
     `tokenized`: `tokenize_pairs(pairs, …)` built before (optimized pipeline: its cache is shared).
+    Every form runs without tf.data's autotuning thread (`runtime.tfdata.with_pipeline_options`).
     """
     if config.kind == "naive":
         if isinstance(pairs, Mixture):
             pairs = pairs.epoch(seed, shuffle_buffer=config.shuffle_buffer)
-        return naive_pipeline(pairs, tokenizers, config.batch_size * replicas, max_length, training,
-                              config.shuffle_buffer, seed, config.sampling if training else None)
-    return optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, tokenized=tokenized,
-                              replicas=replicas)
+        batches = naive_pipeline(pairs, tokenizers, config.batch_size * replicas, max_length, training,
+                                 config.shuffle_buffer, seed, config.sampling if training else None)
+    else:
+        batches = optimized_pipeline(pairs, tokenizers, config, max_length, training, seed, tokenized=tokenized,
+                                     replicas=replicas)
+    return with_pipeline_options(batches)
 
 
 def _split_target(src, tgt):
@@ -105,8 +108,7 @@ def naive_pipeline(pairs, tokenizers, batch_size: int, max_length: int, training
 
     if training:
         pairs = pairs.shuffle(shuffle_buffer, seed=seed)
-    return with_pipeline_options(pairs.batch(batch_size).map(prepare_batch, num_parallel_calls=AUTOTUNE)
-                                 .prefetch(AUTOTUNE))
+    return pairs.batch(batch_size).map(prepare_batch, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
 
 
 def tokenize_pairs(pairs: tf.data.Dataset, tokenizers, max_length: int, cache: str = "memory",
@@ -240,7 +242,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     if isinstance(tokenized, PairIds):
         if not training:
             raise ValueError("planned batches are for training; evaluation batches stream")
-        return with_pipeline_options(planned_batches(tokenized, lengths, batch_sizes, seed))
+        return planned_batches(tokenized, lengths, batch_sizes, seed)
     if tokenized is None and isinstance(pairs, Mixture):
         tokenized = tokenize_mixture(pairs, tokenizers, config, max_length, seed)
     elif tokenized is None:
@@ -258,7 +260,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     )
     if not training and fixed_rows(config):
         batched = batched.map(_pad_rows(lengths, batch_sizes), num_parallel_calls=AUTOTUNE)
-    return with_pipeline_options(batched.prefetch(AUTOTUNE))
+    return batched.prefetch(AUTOTUNE)
 
 
 def _pad_rows(lengths: list[int], batch_sizes: list[int]):
