@@ -9,7 +9,7 @@ marks itself cancelled, so the woken thread can see "not cancelled" and sleep ou
 of its period, up to 60 s. The thread that waits is the Python thread that dropped the
 iterator, and it holds the GIL there: the whole process stops, CPU idle.
 
-Measured on a 2-core AMD EPYC Zen 3, 2026-11-28: a map + prefetch pipeline read for 5 s,
+Measured on a 2-core AMD EPYC Zen 3 (no avx512_bf16 / amx_bf16), 2026-11-28: a map + prefetch pipeline read for 5 s,
 left idle, then collected: 0.3 s or 5.5 s (the rest of its 10.2-s period), at random; with
 the thread off, 0.3 s every time. In the test suite (2 workers) single tests stood still for
 45-150 s in these destructors (gdb: `RootDataset::Iterator::~Iterator` →
