@@ -214,3 +214,26 @@ def test_fast_wordpiece_learner_equals_tensorflow_texts(bible_dir, side, vocab_s
     assert wordpiece.learn(counts, vocab_size, reserved) == library.learn(counts, vocab_size, reserved)
     assert wordpiece.learn(counts, 50, reserved, num_iterations=2) == library.learn(counts, 50, reserved,
                                                                                    num_iterations=2)
+
+
+EDGE_TEXTS = ["", "  ", "e\u0301 decomposta", "ﬁm Straße İSTAMBUL", "😀👍🏽 ok", "ctrl\x01\x07x\u200by", "tab\tline\n",
+              "中文 日本語", "a" * 150, "x" + "é" * 60, "[UNK] [START]", "C'est «citação» “aspas” …", "１２３ ＡＢＣ",
+              "e-mail@x.com http://a.b/c?d=e", "Jesus' won't"]
+
+
+@pytest.mark.parametrize("lower_case", [False, True])
+def test_wordpiece_segments_as_berttokenizer(bible_tokenizers, bible_dir, lower_case):
+    """The fast segmentation gives `BertTokenizer`'s ids (with its normalisation) on corpus lines
+    and odd text, and splits words at a no-break or ideographic space, where BertTokenizer
+    made the words it joins one [UNK]."""
+    import tensorflow as tf
+    import tensorflow_text as tf_text
+
+    vocab_path = str(bible_tokenizers.directory / "src_vocab.txt")
+    ours = tokenizer_module.WordPieceTokenizer(vocab_path, lower_case)
+    bert = tf_text.BertTokenizer(vocab_path, **tokenizer_module._bert_params(lower_case))
+    lines = (bible_dir / "train.pt").read_text(encoding="utf-8").splitlines()[:3000] + EDGE_TEXTS
+    expected = bert.tokenize(tf.constant(lines)).merge_dims(-2, -1).to_list()
+    assert ours.tokenize(tf.constant(lines)).to_list() == [[START_ID, *ids, END_ID] for ids in expected]
+    spaced = ours.tokenize(tf.constant(["Deus é amor", "Deus\u00a0é\u3000amor"])).to_list()
+    assert spaced[0] == spaced[1] and len(spaced[1]) > 3

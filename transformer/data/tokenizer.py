@@ -137,17 +137,36 @@ class LanguageTokenizer(tf.Module):
 
 
 class WordPieceTokenizer(LanguageTokenizer):
-    """WordPiece (tensorflow-text `BertTokenizer`): words split on whitespace and punctuation,
-    then into the longest vocabulary pieces; detokenize rejoins words with natural punctuation
-    spacing (`_join_wordpieces`)."""
+    """WordPiece: words split on whitespace and punctuation (BERT's rules), then into the longest
+    vocabulary pieces; detokenize rejoins words with natural punctuation spacing (`_join_wordpieces`).
+
+    Segmentation is tensorflow-text's `FastBertTokenizer` after `BertTokenizer`'s own
+    normalisation (`_normalize`): the ids `BertTokenizer` gives on every line of the shared
+    corpora, 7-16× faster. Where they differ: a Unicode space other than ASCII's (no-break,
+    ideographic, line separator) separates words here; `BertTokenizer` made the words it
+    joins one [UNK]. Detokenizing uses `BertTokenizer` (pieces → words).
+    """
 
     def __init__(self, vocab_path: str, lower_case: bool):
-        super().__init__(Path(vocab_path).read_text(encoding="utf-8").splitlines())
+        vocab = Path(vocab_path).read_text(encoding="utf-8").splitlines()
+        super().__init__(vocab)
         self._vocab_asset = tf.saved_model.Asset(vocab_path)
+        self.lower_case = lower_case
         self.tokenizer = tf_text.BertTokenizer(vocab_path, **_bert_params(lower_case))
+        self.segmenter = tf_text.FastBertTokenizer(vocab, token_out_type=tf.int64, unknown_token=RESERVED_TOKENS[1])
+
+    def _normalize(self, strings):
+        """`BertTokenizer`'s normalisation: NFC (cased) or case folding, NFD and accents
+        stripped (lower_case); control and format characters become spaces."""
+        if self.lower_case:
+            strings = tf.strings.regex_replace(tf_text.normalize_utf8(tf_text.case_fold_utf8(strings), "NFD"),
+                                               r"\p{Mn}", "")
+        else:
+            strings = tf_text.normalize_utf8(strings, "NFC")
+        return tf.strings.regex_replace(strings, r"\p{Cc}|\p{Cf}", " ")
 
     def _segment(self, strings):
-        return self.tokenizer.tokenize(strings).merge_dims(-2, -1)  # [batch, (tokens)]
+        return self.segmenter.tokenize(self._normalize(strings))  # [batch, (tokens)]
 
     def _text(self, token_ids):
         words = self.tokenizer.detokenize(token_ids)  # [batch, (words)]
