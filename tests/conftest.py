@@ -37,14 +37,6 @@ from transformer.measure.reports import StepTimeReport  # noqa: E402
 from transformer.measure.step_stats import StepRecord  # noqa: E402
 
 tf.config.experimental.enable_tensor_float_32_execution(False)
-# TensorFlow's graph optimizer (Grappler) off in the test processes: it rewrites each function
-# graph for speed at its first call, seconds per decode loop, and the tiny models here gain
-# nothing from it (the suite: 22:04 → 18:39 on a 2-core EPYC Zen 3). It changes no result
-# these tests check; the processes they start (scripts, workers, fresh-process loads of
-# exports, notebook kernels) keep it on and are compared with these. TRANSFORMER_TEST_GRAPPLER=1
-# keeps it on here too.
-if os.environ.get("TRANSFORMER_TEST_GRAPPLER") != "1":
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
