@@ -142,9 +142,9 @@ class WordPieceTokenizer(LanguageTokenizer):
 
     Segmentation is tensorflow-text's `FastBertTokenizer` after `BertTokenizer`'s own
     normalisation (`_normalize`): the ids `BertTokenizer` gives on every line of the shared
-    corpora, 7-16× faster. Where they differ: a Unicode space other than ASCII's (no-break,
-    ideographic, line separator) separates words here; `BertTokenizer` made the words it
-    joins one [UNK]. Detokenizing uses `BertTokenizer` (pieces → words).
+    corpora, several times faster (docs/training.md, Tokenizers). Where they differ: a Unicode
+    space other than ASCII's (no-break, ideographic, line separator) separates words here;
+    `BertTokenizer` made the words it joins one [UNK]. Detokenizing uses `BertTokenizer` (pieces → words).
     """
 
     def __init__(self, vocab_path: str, lower_case: bool):
@@ -153,14 +153,14 @@ class WordPieceTokenizer(LanguageTokenizer):
         self._vocab_asset = tf.saved_model.Asset(vocab_path)
         self.lower_case = lower_case
         self.tokenizer = tf_text.BertTokenizer(vocab_path, **_bert_params(lower_case))
+        self._words = bert_vocab.bert_tokenizer.BasicTokenizer(**_bert_params(lower_case))  # its lower_case()
         self.segmenter = tf_text.FastBertTokenizer(vocab, token_out_type=tf.int64, unknown_token=RESERVED_TOKENS[1])
 
     def _normalize(self, strings):
         """`BertTokenizer`'s normalisation: NFC (cased) or case folding, NFD and accents
         stripped (lower_case); control and format characters become spaces."""
         if self.lower_case:
-            strings = tf.strings.regex_replace(tf_text.normalize_utf8(tf_text.case_fold_utf8(strings), "NFD"),
-                                               r"\p{Mn}", "")
+            strings = self._words.lower_case(strings)
         else:
             strings = tf_text.normalize_utf8(strings, "NFC")
         return tf.strings.regex_replace(strings, r"\p{Cc}|\p{Cf}", " ")
