@@ -9,10 +9,14 @@ import types
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import run_config, tokenizers_reused
+from helpers_model import TINY_MODEL, build
 from helpers_translation import ScriptedTranslator
 
 from transformer.base import cli
+from transformer.base.config import RunConfig, TrainConfig
+from transformer.model.optimizer import compile_model
 from transformer.training.budget import TrainingClock
 from transformer.training.progress import BudgetProgress
 from transformer.training.trainer import train
@@ -102,3 +106,34 @@ def test_budget_flags():
     for bad in ("0.9,0.5", "1.5", "half"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--eval-at", bad])
+
+
+def test_validation_loss_is_the_token_weighted_mean_over_batches_of_any_shape_traced_once():
+    """`loss_batches` of different shapes: one trace, and the loss / accuracy of all their real
+    target tokens together (pad tokens count in neither)."""
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    model = build(TINY_MODEL)
+    compile_model(model, RunConfig(model=TINY_MODEL, train=TrainConfig(mixed_precision="off", xla=False,
+                                                                       lr_schedule="inverse-sqrt", label_smoothing=0.0)))
+    rng = np.random.default_rng(0)
+    batches = []
+    for rows, src_len, tgt_len in ((3, 5, 7), (2, 9, 4), (4, 6, 6)):
+        src = rng.integers(4, TINY_MODEL.src_vocab_size, (rows, src_len)).astype("int32")
+        tgt = rng.integers(4, TINY_MODEL.tgt_vocab_size, (rows, tgt_len + 1)).astype("int32")
+        tgt[0, tgt_len - 1:] = 0  # a padded row
+        batches.append(((src, tgt[:, :-1]), tgt[:, 1:]))
+    dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=(
+        (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)), tf.TensorSpec([None, None], tf.int32)))
+    callback = ValidationBleu(lambda m: ScriptedTranslator(["x"], [True]), ["a"], ["x"], loss_batches=dataset)
+    callback.set_model(model)
+    loss, accuracy = callback._validation_loss()
+    assert callback._validation_loss() == (loss, accuracy) and callback._loss_step.experimental_get_tracing_count() == 1
+    losses, hits = [], []
+    for inputs, target in batches:
+        logits = model(inputs, training=False)
+        real = target != 0
+        log_probs = tf.nn.log_softmax(logits).numpy()
+        losses.append(-np.take_along_axis(log_probs, target[..., None], -1)[..., 0][real])
+        hits.append((logits.numpy().argmax(-1) == target)[real])
+    assert loss == pytest.approx(np.concatenate(losses).mean(), abs=1e-4)
+    assert accuracy == pytest.approx(np.concatenate(hits).mean(), abs=1e-4)

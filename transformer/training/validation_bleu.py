@@ -181,8 +181,11 @@ class ValidationBleu(keras.callbacks.Callback):
             return None
         if self._loss_step is None:
             model, loss_fn = self.model, self.model.loss
+            inputs_spec, target_spec = self.loss_batches.element_spec
 
-            @tf.function(reduce_retracing=True)
+            # One trace for every batch shape (the dataset's spec has unknown dimensions; traced
+            # per shape, the sample's batches gave two), without AutoGraph (no Python control flow here).
+            @tf.function(input_signature=[inputs_spec, target_spec], autograph=False)
             def step(inputs, target):
                 logits = model(inputs, training=False)
                 mask = tf.cast(tf.not_equal(target, 0), tf.float32)
