@@ -111,7 +111,6 @@ def test_budget_flags():
 def test_validation_loss_is_the_token_weighted_mean_over_batches_of_any_shape_traced_once():
     """`loss_batches` of different shapes: one trace, and the loss / accuracy of all their real
     target tokens together (pad tokens count in neither)."""
-    tf.config.experimental.enable_tensor_float_32_execution(False)
     model = build(TINY_MODEL)
     compile_model(model, RunConfig(model=TINY_MODEL, train=TrainConfig(mixed_precision="off", xla=False,
                                                                        lr_schedule="inverse-sqrt", label_smoothing=0.0)))
