@@ -128,7 +128,10 @@ class Translator(tf.Module):
                 f"(src {model.config.src_vocab_size}, tgt {model.config.tgt_vocab_size})")
         # One trace for every loop and signature. Held outside the module's attributes: `tf.saved_model.save`
         # would otherwise also export it on its own, tracing it again at the top level (~3 s per export).
-        self._decode = _NotExported(tf.function(self._decode_ids_impl, jit_compile=config.jit_compile, autograph=False))
+        # Called, not inlined (`_noinline`): TensorFlow optimises its graph once at the first call instead
+        # of once per decoding loop (a loaded export's first sentence: 4.4-5.5 s → 2.7-3.0 s, docs/speed.md).
+        self._decode = _NotExported(tf.function(self._decode_ids_impl, jit_compile=config.jit_compile, autograph=False,
+                                                 experimental_attributes={"_noinline": True}))
 
     def with_config(self, **changes) -> "Translator":
         """A Translator sharing this one's model and tokenizers with some DecodeConfig fields changed."""
