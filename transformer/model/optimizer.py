@@ -60,6 +60,7 @@ class FusedAdam(keras.optimizers.Adam):
             raise ValueError(f"ema_every must be >= 1, got {ema_every}")
         self.ema_decay, self.ema_every = ema_decay, int(ema_every)
         self._ema_shadows = []
+        self._update_scalars = None  # an _UpdateScalars during `_distributed_tf_update_step`
 
     def build(self, var_list):
         if self.built:
@@ -90,7 +91,7 @@ class FusedAdam(keras.optimizers.Adam):
 
     def _scalars(self, dtype, learning_rate) -> dict:
         """Adam's scalar inputs in `dtype` for this update: β powers at step t = iterations + 1, lr, β₁, β₂, ε."""
-        cache = getattr(self, "_update_scalars", None)
+        cache = self._update_scalars
         if cache is not None and dtype in cache.by_dtype:
             return cache.by_dtype[dtype]
         step = tf.cast(self.iterations + 1, dtype)
