@@ -89,6 +89,15 @@ def test_translate_streams_a_file_to_output_in_order_with_a_progress_bar(exporte
     assert sorted(p.name for p in output.parent.iterdir()) == ["big.en"]  # no temporary file left
 
 
+def test_translate_without_a_progress_bar_still_says_how_many_lines_it_wrote(exported, expected, tmp_path, capsys):
+    source, output = tmp_path / "in.pt", tmp_path / "out.en"
+    source.write_text("\n".join(SENTENCES[:3]) + "\n", encoding="utf-8")
+    assert script_main("translate")(["--model", str(exported), "--file", str(source), "--output", str(output),
+                                     "--no-progress"]) == 0
+    assert capsys.readouterr().err.strip().endswith(f"3 translations: {output}")
+    assert output.read_text(encoding="utf-8").splitlines() == expected[:3]
+
+
 def test_export_main_writes_a_savedmodel_that_translates_as_the_run(exported, expected):
     assert (exported / "saved_model.pb").is_file()
     reloaded = tf.saved_model.load(str(exported))

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         show = args.progress if args.progress is not None else bool(args.output) or sys.stderr.isatty()
         bar = stack.enter_context(tqdm(total=total, unit=" sentences", unit_scale=True, file=sys.stderr,
                                        disable=not show, desc="translating", mininterval=0.5))
-        first = []
+        first, written = [], 0
 
         def remember(lines):
             for line in lines:
@@ -91,8 +91,9 @@ def main(argv=None) -> int:
             out.write("".join(f"{t}\n" for t in translations))
             out.flush()
             bar.update(len(translations))
+            written += len(translations)  # not bar.n: a disabled bar counts nothing
     if args.output:
-        print(f"{bar.n} translations: {args.output}", file=sys.stderr)
+        print(f"{written} translations: {args.output}", file=sys.stderr)
     if args.plot_attention and first:
         from transformer.measure.attention_plot import attention_for_sentence, plot_attention
 
