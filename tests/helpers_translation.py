@@ -91,6 +91,9 @@ BAD_INPUTS = [
     "😀🎉👍",
     b"invalid \xff\xfe utf-8 \xc3",
     "a",
+    # over the tiny models' 22 tokens: cut into its sentences and clauses, their translations joined
+    "No princípio criou Deus os céus e a terra. A terra era sem forma e vazia; havia trevas sobre a face do "
+    "abismo, e o Espírito de Deus pairava sobre as águas. Disse Deus: Haja luz. E houve luz 3.5 vezes! ",
 ]
 
 

@@ -8,10 +8,10 @@ The directory written holds CTranslate2's `model.bin`, `config.json` and the voc
 (`source_vocabulary.json`, `target_vocabulary.json`: our WordPiece tokens, same ids), plus
 `tokenizers/` (the run's tokenizer SavedModel) and `translator.json` (model and decode
 configs). `CTranslate2Translator` tokenizes with our tokenizers exactly as
-`transformer.inference.translator.Translator` does (sanitise, truncate to `max_length`,
-[START] … [END]), feeds the token strings of those ids to CTranslate2's greedy search (or its
-beam search, `DecodeConfig.beam_size` > 1), and detokenizes the returned ids with our
-tokenizer: the two differ only in the decoder.
+`transformer.inference.translator.Translator` does (sanitise, cut sources over `max_length`
+into the same pieces, [START] … [END]), feeds the token strings of those ids to CTranslate2's
+greedy search (or its beam search, `DecodeConfig.beam_size` > 1), detokenizes the returned
+ids with our tokenizer and joins a cut source's pieces: the two differ only in the decoder.
 
 How our model maps onto `ctranslate2.specs.TransformerSpec` (`model_spec`):
     post-norm or pre-norm (`layer_norm`), relu FFN, scaled embeddings (× sqrt(d_model));
@@ -44,6 +44,7 @@ from transformer.base.config import DecodeConfig, ModelConfig
 from transformer.base.constants import EXPORT_MANIFEST, RESERVED_TOKENS
 from transformer.base.errors import InputError, MissingFileError, OutputExistsError
 from transformer.data.tokenizer import load_tokenizers
+from transformer.inference import segmenting
 from transformer.inference.rundir import TOKENIZER_DIR, load_trained_model
 from transformer.inference.translator import as_string_batch, tokenize_sources
 from transformer.model.layers import positional_encoding
@@ -278,8 +279,8 @@ class CTranslate2Translator:
                                                  inter_threads=inter_threads, intra_threads=intra_threads)
         self.src_tokens = vocabulary(self.tokenizers.src)
         self.tgt_ids = {token: i for i, token in enumerate(vocabulary(self.tokenizers.tgt))}
-        self._source_ids = tf.function(lambda s: tokenize_sources(self.tokenizers.src, s, self.max_length),
-                                       input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+        self._source_ids = tf.function(self._source_ids_impl, input_signature=[tf.TensorSpec([None], tf.string)],
+                                       autograph=False)
 
     def translate_ids(self, source_ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Source ids ([START] … [END], no padding) per sentence → generated ids ([END] included)."""
@@ -294,9 +295,24 @@ class CTranslate2Translator:
             suppress_sequences=SUPPRESSED)
         return [[self.tgt_ids[t] for t in result.hypotheses[0]][:bound] for result, bound in zip(results, bounds)]
 
+    def _source_ids_impl(self, sentences):
+        """`[n]` strings → (ragged source ids `[p, (len)]`, has_tokens `[p]`, input row `[p]`) of the
+        pieces our Translator decodes (long sources cut as it cuts them, `segmenting`)."""
+        pieces, rows = segmenting.split_long_sources(self.tokenizers.src.tokenize, sentences, self.max_length - 2)
+        return (*tokenize_sources(self.tokenizers.src.tokenize, pieces, self.max_length), rows)
+
     def translate_with_lengths(self, sentences) -> tuple[list[str], np.ndarray]:
         """(translations, generated target tokens per sentence, [END] included)."""
-        src, has_tokens = self._source_ids(as_string_batch(sentences))
+        sentences = as_string_batch(sentences)
+        texts, lengths, piece_rows = self._translate_pieces(sentences)
+        n = tf.shape(sentences)[0]
+        joined = segmenting.join_pieces(tf.constant(texts, tf.string), piece_rows, n).numpy()
+        return ([t.decode("utf-8", "replace") for t in joined],
+                segmenting.sum_pieces(tf.constant(lengths), piece_rows, n).numpy())
+
+    def _translate_pieces(self, sentences) -> tuple[list[str], np.ndarray, tf.Tensor]:
+        """(translation, generated tokens) per piece, and each piece's input row."""
+        src, has_tokens, piece_rows = self._source_ids(sentences)
         has_tokens = has_tokens.numpy()
         rows = np.flatnonzero(has_tokens)
         sources = src.to_list()  # one conversion: slicing the ragged tensor row by row costs ms per row
@@ -310,7 +326,7 @@ class CTranslate2Translator:
             decoded = self.tokenizers.tgt.detokenize(tf.constant(padded)).numpy()
             for row, text, ids in zip(rows, decoded, generated):
                 texts[row], lengths[row] = text.decode("utf-8", "replace"), len(ids)
-        return texts, lengths
+        return texts, lengths, piece_rows
 
     def translate(self, sentences) -> list[str]:
         return self.translate_with_lengths(sentences)[0]

@@ -35,6 +35,8 @@ leaving between steps do not track) and without XLA (shapes change every step).
 
 from __future__ import annotations
 
+import collections
+import itertools
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -96,13 +98,16 @@ class ContinuousDecoder:
         self._state_invariants = tf.nest.map_structure(lambda spec: spec.shape, state)
         self._detokenize_ids = tf.function(translator.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)],
                                             autograph=False)
+        self._pieces = tf.function(translator.pieces, input_signature=[SENTENCES_SPEC], autograph=False)
         self.steps = self.row_steps = 0
         self._returned_at = 0  # `steps` when ended rows were last returned
         self.reset()
 
     def reset(self) -> None:
         """Drops every row (after a failure)."""
-        self._keys: list = []  # per row: the caller's key
+        self._keys: list = []  # per row: (sentence number, piece number)
+        self._sentences: dict = {}  # sentence number → [the caller's key, piece translations, pieces to come]
+        self._added = 0  # sentences added so far (their numbers)
         self._tokens: list[list[int]] = []  # per row: generated ids so far
         self._has_tokens: list[bool] = []  # per row: the source has a token besides [START]/[END]
         self._alive: list[bool] = []  # per row: not yet ended (an ended row stays until the next compaction)
@@ -122,16 +127,24 @@ class ContinuousDecoder:
     # ---- joining and stepping ------------------------------------------------------------
     def add(self, sentences: Sequence, keys: Sequence[Hashable]) -> None:
         """Encodes `sentences` (str or bytes) and appends them as rows; `keys` come back from `step`.
-        Rows that ended leave the batch in the same call."""
+        A sentence over the model's length is cut into pieces as offline (`Translator.pieces`), a
+        row each, its translation returned once all have ended. Rows that ended leave the batch
+        in the same call."""
         if len(sentences) != len(keys):
             raise ValueError(f"{len(sentences)} sentences but {len(keys)} keys")
         if not sentences:
             return
-        self._state, has_tokens = self._admit(as_string_batch(list(sentences)), self._kept(), self._state)
-        self._keys += list(keys)
-        self._tokens += [[] for _ in sentences]
+        pieces, rows = self._pieces(as_string_batch(list(sentences)))
+        rows = (rows.numpy() + self._added).tolist()
+        counts = collections.Counter(rows)  # pieces per sentence number (rows come sorted)
+        for number, key in enumerate(keys, start=self._added):
+            self._sentences[number] = [key, [""] * counts[number], counts[number]]
+        self._added += len(sentences)
+        self._state, has_tokens = self._admit(pieces, self._kept(), self._state)
+        self._keys += [(row, piece) for row, group in itertools.groupby(rows) for piece, _ in enumerate(group)]
+        self._tokens += [[] for _ in rows]
         self._has_tokens += has_tokens.numpy().tolist()
-        self._alive += [True] * len(sentences)
+        self._alive += [True] * len(rows)
 
     def step(self) -> list[tuple[Hashable, str]]:
         """Decodes `steps_per_call` tokens for every row (fewer once all have ended). Returns (key,
@@ -158,7 +171,13 @@ class ContinuousDecoder:
             return []
         self._returned_at = self.steps
         texts = self._detokenize([tokens for _, tokens, _ in self._ended])
-        finished = [(key, text if has_tokens else "") for (key, _, has_tokens), text in zip(self._ended, texts)]
+        finished = []
+        for ((number, piece), _, has_tokens), text in zip(self._ended, texts):
+            key, translations, waiting = sentence = self._sentences[number]
+            translations[piece], sentence[2] = text if has_tokens else "", waiting - 1
+            if waiting == 1:  # its last piece
+                finished.append((key, " ".join(t for t in translations if t)))
+                del self._sentences[number]
         self._ended = []
         return finished
 

@@ -7,15 +7,16 @@
 
 What one call does, all in one TensorFlow graph (so the SavedModel does the same):
   1. sanitise: invalid UTF-8 is replaced by U+FFFD (`unicode_transcode(errors="replace")`);
-  2. tokenize with the source WordPiece tokenizer; keep at most `max_length` ids per source
-     ([START] + the first `max_length - 2` tokens + [END]; longer inputs, e.g. a
-     10,000-character line, are truncated — the model has no positions beyond that);
+  2. cut a source over `max_length - 2` tokens (a paragraph on one line) into pieces after its
+     sentence ends, then its commas (transformer/inference/segmenting.py), each piece then
+     translated as a sentence; tokenize every piece, [START] + tokens + [END]; a piece still
+     too long (a clause with no comma) keeps its first `max_length - 2` tokens;
   3. sort the batch by source length and decode it in chunks of `chunk_size` sentences
      (cached greedy or beam search, transformer/inference/decoding.py), `streams` chunks at
      once (chunk k by loop k mod streams); a sentence's output is bounded by
      `min(max_length, ceil(max_output_ratio * source_tokens) + max_output_extra)` tokens;
-  4. detokenize, every row in input order. A row whose source has no
-     tokens (empty or whitespace-only input) gets an empty translation.
+  4. detokenize, every row in input order (a cut row's pieces joined by spaces). A row whose
+     source has no tokens (empty or whitespace-only input) gets an empty translation.
 Any string content gives one output row per input row. Only a wrong dtype or rank is an
 error; from Python (`__call__`, `translate`) it is a TypeError/ValueError saying what was
 expected.
@@ -35,7 +36,7 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
-from transformer.inference import decoding
+from transformer.inference import decoding, segmenting
 
 SENTENCES_SPEC = tf.TensorSpec([None], tf.string, name="sentences")
 
@@ -63,18 +64,18 @@ def as_string_batch(sentences) -> tf.Tensor:
     return tensor
 
 
-def tokenize_sources(src_tokenizer, sentences, max_length: int):
+def tokenize_sources(tokenize, sentences, max_length: int):
     """Steps 1-2 of a translation: `[batch]` strings → source ids.
 
-    Invalid UTF-8 is replaced, then WordPiece ids, at most `max_length` per row ([START], the
-    first `max_length - 2` tokens, [END]).
+    Invalid UTF-8 is replaced, then `tokenize` (the source tokenizer's: `[batch]` tf.string →
+    ragged int64 with [START] … [END]), at most `max_length` ids per row ([START], the first
+    `max_length - 2` tokens, [END]).
 
     Returns:
         (ragged int64 `[batch, (src_len)]`, has_tokens bool `[batch]`: the row has a token
         besides [START]/[END]).
     """
-    text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-    ids = src_tokenizer.tokenize(text)  # [B, (S)] with [START] … [END]
+    ids = tokenize(segmenting.sanitize(sentences))  # [B, (S)] with [START] … [END]
     body = ids[:, 1:-1][:, : max_length - 2]
     batch = tf.shape(sentences, out_type=tf.int64)[0]
     start = tf.fill([batch, 1], tf.constant(START_ID, tf.int64))
@@ -132,6 +133,12 @@ class Translator(tf.Module):
         # of once per decoding loop (a loaded export's first sentence: 4.4-5.5 s → 2.7-3.0 s, docs/speed.md).
         self._decode = _NotExported(tf.function(self._decode_ids_impl, jit_compile=config.jit_compile, autograph=False,
                                                  experimental_attributes={"_noinline": True}))
+        # Called three times by one translation (twice to measure the pieces of long sources, once for
+        # their ids): one function, optimised once, as `_decode` (a loaded export's first sentence,
+        # three alternated pairs: 2.60-3.19 s, against 2.63-3.63 s with the tokenizer inlined thrice).
+        self._tokenize = _NotExported(tf.function(lambda strings: tokenizers.src.tokenize(strings), autograph=False,
+                                                   input_signature=[SENTENCES_SPEC],
+                                                   experimental_attributes={"_noinline": True}))
 
     def with_config(self, **changes) -> "Translator":
         """A Translator sharing this one's model and tokenizers with some DecodeConfig fields changed."""
@@ -174,7 +181,8 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[SENTENCES_SPEC], autograph=False)
     def serve_attention(self, sentences):
-        """Greedy translation with tokens and cross-attention, for plots (no chunking, no XLA).
+        """Greedy translation with tokens and cross-attention, for plots (no chunking, no XLA; a
+        source over `max_length - 2` tokens is truncated, not cut into pieces).
 
         Returns a dict:
             translations: `[batch]` tf.string.
@@ -207,11 +215,18 @@ class Translator(tf.Module):
     # ---- the pipeline ------------------------------------------------------------------
     def source_ids(self, sentences):
         """`[batch]` strings → (ragged int64 `[batch, (src_len)]` ≤ max_length, has_tokens bool `[batch]`)."""
-        return tokenize_sources(self.tokenizers.src, sentences, self.max_length)
+        return tokenize_sources(self._tokenize.function, sentences, self.max_length)
+
+    def pieces(self, sentences):
+        """`[batch]` strings → (pieces `[p]` tf.string, rows `[p]` int64): sources over `max_length - 2`
+        tokens cut at sentence ends, then commas (segmenting.split_long_sources); the others whole."""
+        return segmenting.split_long_sources(self._tokenize.function, sentences, self.max_length - 2)
 
     def _translate(self, sentences):
-        """Sort by length → decode the chunks in `streams` concurrent loops → detokenize in input order."""
-        src, has_tokens = self.source_ids(sentences)
+        """Cut long sources → sort the pieces by length → decode the chunks in `streams` concurrent
+        loops → detokenize in input order → join each row's pieces."""
+        pieces, rows = self.pieces(sentences)
+        src, has_tokens = self.source_ids(pieces)
         order = tf.argsort(tf.cast(src.row_lengths(), tf.int32), stable=True)
         # Independent loops (no data or control edge between them): TensorFlow runs them at once.
         streams = [self._decode_stream(src, order, first) for first in range(self.config.streams)]
@@ -219,8 +234,9 @@ class Translator(tf.Module):
         num_tokens = tf.add_n([lengths for _, lengths in streams])
         # Detokenizing inside a loop would serialise the loops: the tokenizer's table export is a
         # resource write for TensorFlow's automatic control dependencies.
-        return {"translations": tf.where(has_tokens, self.detokenize(ids), ""),
-                "num_tokens": tf.where(has_tokens, num_tokens, 0)}
+        n = tf.shape(sentences)[0]
+        return {"translations": segmenting.join_pieces(tf.where(has_tokens, self.detokenize(ids), ""), rows, n),
+                "num_tokens": segmenting.sum_pieces(tf.where(has_tokens, num_tokens, 0), rows, n)}
 
     def _decode_stream(self, src, order, first: int):
         """Decodes chunks `first`, `first + streams`, … of the length-sorted batch, one after another.

@@ -1,0 +1,82 @@
+"""Sources over the model's length: cut at sentence ends, then commas; translations joined.
+
+A row that fits is never cut (its translation is what it was); a row that does not is cut
+where a sentence or clause ends, each piece translated alone, the pieces' translations
+joined in order. The export, the continuous decoder and the CTranslate2 wrapper decode the
+same pieces (tests/helpers_translation.py's BAD_INPUTS holds such a row for their tests).
+"""
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers_translation import shared_tokenizers, tiny_translator
+
+from transformer.inference.segmenting import CUT_PATTERNS, split_long_sources
+from transformer.inference.translator import DecodeConfig
+
+PARAGRAPH = ("No princípio criou Deus os céus e a terra. A terra era sem forma e vazia; havia trevas sobre a face "
+             "do abismo, e o Espírito de Deus pairava sobre as águas. Disse Deus: «Haja luz.» E houve luz 3.5 vezes!")
+SHORT = "Deus é amor. Jesus chorou."
+RUN_ON = "palavra " * 30  # over the limit, no punctuation: one piece (truncated later)
+
+
+@pytest.fixture(scope="module")
+def src_tokenizer():
+    return shared_tokenizers()[0].src
+
+
+def count_tokens(tokenizer, texts):
+    return (tokenizer.tokenize(tf.constant(texts)).row_lengths() - 2).numpy()
+
+
+def split(tokenizer, rows, max_tokens):
+    pieces, piece_rows = split_long_sources(tokenizer.tokenize, tf.constant(rows, tf.string), max_tokens)
+    return [p.decode() for p in pieces.numpy()], piece_rows.numpy().tolist()
+
+
+def test_only_rows_over_the_limit_are_cut_and_where_a_sentence_or_clause_ends(src_tokenizer):
+    rows = [SHORT, PARAGRAPH, "", RUN_ON]
+    limit = int(count_tokens(src_tokenizer, [SHORT])[0])  # SHORT fits exactly
+    pieces, piece_rows = split(src_tokenizer, rows, limit)
+    assert piece_rows == sorted(piece_rows) and set(piece_rows) == {0, 1, 2, 3}
+    by_row = [[p for p, r in zip(pieces, piece_rows) if r == row] for row in range(len(rows))]
+    assert by_row[0] == [SHORT] and by_row[2] == [""] and by_row[3] == [RUN_ON]
+    cut = by_row[1]
+    assert " ".join(cut) == PARAGRAPH  # nothing lost or reordered: only the spaces at the cuts
+    assert cut[:4] == ["No princípio criou Deus os céus e a terra.", "A terra era sem forma e vazia;",
+                       "havia trevas sobre a face do abismo,", "e o Espírito de Deus pairava sobre as águas."]
+    assert "«Haja luz.»" in cut and "E houve luz 3.5 vezes!" in cut  # closing quotes stay; no cut inside 3.5
+    for piece, tokens in zip(cut, count_tokens(src_tokenizer, cut)):
+        # a piece over the limit is one no pattern can cut further
+        assert tokens <= limit or not any(re.search(p, piece) for p in CUT_PATTERNS), piece
+
+
+def test_a_comma_is_a_cut_only_inside_a_sentence_still_too_long(src_tokenizer):
+    sentence = "havia trevas sobre a face do abismo, e o Espírito de Deus pairava sobre as águas."
+    tokens = int(count_tokens(src_tokenizer, [sentence])[0])
+    assert split(src_tokenizer, [sentence], tokens)[0] == [sentence]
+    assert split(src_tokenizer, [sentence], tokens - 1)[0] == [
+        "havia trevas sobre a face do abismo,", "e o Espírito de Deus pairava sobre as águas."]
+
+
+def test_empty_batch_and_invalid_utf8(src_tokenizer):
+    assert split(src_tokenizer, [], 5) == ([], [])
+    pieces, rows = split_long_sources(src_tokenizer.tokenize, tf.constant([b"Fim. \xff\xfe " + PARAGRAPH.encode()]), 5)
+    assert rows.numpy().tolist() == [0] * len(rows) and pieces.numpy()[0].decode() == "Fim."
+
+
+def test_a_cut_row_translates_as_its_pieces_each_alone():
+    translator = tiny_translator(DecodeConfig(chunk_size=4), max_length=24)
+    rows = ["Deus é amor.", PARAGRAPH, "", SHORT]
+    texts, lengths = translator.translate_with_lengths(rows)
+    pieces, piece_rows = translator.pieces(tf.constant(rows))
+    assert int(piece_rows.numpy().tolist().count(1)) > 1  # the paragraph is cut, the others not
+    alone = [translator.translate_with_lengths([p]) for p in pieces.numpy()]
+    joined = [" ".join(t[0] for (t, _), r in zip(alone, piece_rows.numpy()) if r == row and t[0])
+              for row in range(len(rows))]
+    assert texts == joined
+    np.testing.assert_array_equal(
+        lengths, [sum(n[0] for (_, n), r in zip(alone, piece_rows.numpy()) if r == row) for row in range(len(rows))])
+    assert translator.translate([SHORT]) == [texts[3]]  # uncut rows as without the others

@@ -1,0 +1,62 @@
+"""Sources longer than the model's positions: cut into pieces that fit, their translations joined.
+
+    pieces, rows = split_long_sources(tokenizers.src.tokenize, sentences, max_tokens=126)  # [P], [P]
+    translations = join_pieces(piece_translations, rows, batch)                   # [batch]
+
+The model has `max_length` positions, so a source over `max_length - 2` tokens (a paragraph
+on one line, a whole news article) would otherwise be truncated and its end never
+translated. Such a row is cut after each sentence end (`.`, `!`, `?`, `;`, `:` or `…`,
+closing quotes or brackets included, then white space); a piece still too long is cut after
+each comma. Each piece is translated on its own and the row's translations are joined with
+a space, in order. A row that fits is one piece, untouched: its translation is the same as
+without this step. A clause over the limit with no comma is still truncated.
+
+All in TensorFlow ops (tf.strings, ragged tensors), so an export does the same.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+# Where a too-long piece is cut, tried in this order: after a sentence end, then after a comma.
+# Group 1 is the text kept at the end of the piece; the white space after it is dropped.
+CUT_PATTERNS = (r"([.!?;:…][\"'”’»)\]]*)\s+", r"(,)\s+")
+# Put where a cut goes, then split on: a byte that sanitized (valid UTF-8) text never holds.
+_MARK = b"\xff"
+
+
+def sanitize(sentences: tf.Tensor) -> tf.Tensor:
+    """`[n]` tf.string → the same with invalid UTF-8 replaced by U+FFFD (as the tokenizers expect)."""
+    return tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
+
+
+def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """`[n]` tf.string → (pieces `[p]` tf.string (sanitized), rows `[p]` int64: each piece's input row).
+
+    `tokenize`: `[n]` tf.string → ragged int64 `[n, (tokens)]` with [START] … [END] (the source
+    tokenizer's `tokenize`). Rows of at most `max_tokens` tokens (without [START]/[END]) are one
+    piece each; longer ones are cut by `CUT_PATTERNS`, one pattern after the other, each
+    applied to the pieces still too long. Pieces come in row order, then text order; every row
+    has at least one.
+    """
+    pieces = sanitize(sentences)
+    rows = tf.range(tf.shape(pieces, out_type=tf.int64)[0])
+    for pattern in CUT_PATTERNS:
+        too_long = tokenize(pieces).row_lengths() - 2 > max_tokens
+        marked = tf.where(too_long, tf.strings.regex_replace(pieces, pattern, b"\\1" + _MARK), pieces)
+        parts = tf.strings.split(marked, _MARK)  # [pieces, (parts)]: one part where nothing was marked
+        pieces, rows = parts.flat_values, tf.gather(rows, parts.value_rowids())
+    return pieces, rows
+
+
+def join_pieces(translations: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
+    """`[p]` piece translations, `[p]` int64 rows (ascending) → `[n]` tf.string: each row's
+    non-empty translations joined by a space, in order."""
+    n = tf.cast(n, tf.int64)
+    segments = tf.where(tf.strings.length(translations) > 0, rows, n)  # empty ones: to a segment dropped
+    return tf.strings.unsorted_segment_join(translations, segments, n + 1, separator=" ")[:n]
+
+
+def sum_pieces(values: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
+    """`[p]` numbers per piece, `[p]` int64 rows → `[n]` their sums per row."""
+    return tf.math.unsorted_segment_sum(values, rows, tf.cast(n, tf.int64))
