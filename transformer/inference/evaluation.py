@@ -137,7 +137,7 @@ def tutorial_translate_fn(translator) -> TranslateFn:
     """
     import tensorflow as tf
 
-    from transformer.inference import decoding
+    from transformer.inference import decoding, segmenting
 
     max_steps = translator.max_length
 
@@ -158,7 +158,7 @@ def tutorial_translate_fn(translator) -> TranslateFn:
                 text, n = translate_one(piece)
                 parts.append(text.numpy().decode("utf-8"))
                 tokens += int(n)
-            texts.append(" ".join(part for part in parts if part))
+            texts.append(segmenting.join_texts(parts))
         return texts, tokens
 
     return translate

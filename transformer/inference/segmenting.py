@@ -49,6 +49,12 @@ def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int) -> tuple
     return pieces, rows
 
 
+def join_texts(translations) -> str:
+    """A row's piece translations (Python str, in order) → its translation: the non-empty ones
+    joined by a space, as `join_pieces` joins them in the graph."""
+    return " ".join(t for t in translations if t)
+
+
 def join_pieces(translations: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
     """`[p]` piece translations, `[p]` int64 rows (ascending) → `[n]` tf.string: each row's
     non-empty translations joined by a space, in order."""

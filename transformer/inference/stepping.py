@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig, ModelConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
+from transformer.inference import segmenting
 from transformer.inference.decoding import DEFAULT_FORBIDDEN_IDS, ROW_CONTEXT
 from transformer.inference.rundir import build_model, cast_model
 from transformer.inference.translator import SENTENCES_SPEC, Translator, as_string_batch
@@ -106,7 +107,7 @@ class ContinuousDecoder:
     def reset(self) -> None:
         """Drops every row (after a failure)."""
         self._keys: list = []  # per row: (sentence number, piece number)
-        self._sentences: dict = {}  # sentence number → [the caller's key, piece translations, pieces to come]
+        self._sentences: dict = {}  # sentence number → (the caller's key, piece translations, None until ended)
         self._added = 0  # sentences added so far (their numbers)
         self._tokens: list[list[int]] = []  # per row: generated ids so far
         self._has_tokens: list[bool] = []  # per row: the source has a token besides [START]/[END]
@@ -138,7 +139,7 @@ class ContinuousDecoder:
         rows = (rows.numpy() + self._added).tolist()
         counts = collections.Counter(rows)  # pieces per sentence number (rows come sorted)
         for number, key in enumerate(keys, start=self._added):
-            self._sentences[number] = [key, [""] * counts[number], counts[number]]
+            self._sentences[number] = (key, [None] * counts[number])
         self._added += len(sentences)
         self._state, has_tokens = self._admit(pieces, self._kept(), self._state)
         self._keys += [(row, piece) for row, group in itertools.groupby(rows) for piece, _ in enumerate(group)]
@@ -173,10 +174,10 @@ class ContinuousDecoder:
         texts = self._detokenize([tokens for _, tokens, _ in self._ended])
         finished = []
         for ((number, piece), _, has_tokens), text in zip(self._ended, texts):
-            key, translations, waiting = sentence = self._sentences[number]
-            translations[piece], sentence[2] = text if has_tokens else "", waiting - 1
-            if waiting == 1:  # its last piece
-                finished.append((key, " ".join(t for t in translations if t)))
+            key, translations = self._sentences[number]
+            translations[piece] = text if has_tokens else ""
+            if None not in translations:  # its last piece
+                finished.append((key, segmenting.join_texts(translations)))
                 del self._sentences[number]
         self._ended = []
         return finished
