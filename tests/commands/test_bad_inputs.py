@@ -176,6 +176,8 @@ CASES = [
     ("export: --projection-dtype bfloat16 --xla", "export",
      lambda t: ["--run", str(t), "--output", str(t / "x"), "--projection-dtype", "bfloat16", "--xla"],
      {}, r"projection_dtype bfloat16 needs the lean step: not with jit_compile \(flag --projection-dtype\)", 2),
+    ("translate: --cut-over -1", "translate", lambda t: ["--model", str(t), "--cut-over", "-1", "olá"], {},
+     r"cut_over must be >= 0 \(0 = the model's max_length - 2\), got -1 \(flag --cut-over\)", 2),
     ("export: --streams 0", "export", lambda t: ["--run", str(t), "--output", str(t / "x"), "--streams", "0"],
      {}, r"streams must be >= 1, got 0 \(flag --streams\)", 2),
     ("serve: --decoder-streams 0", "serve", lambda t: [str(t), "--decoder-streams", "0"], {},

@@ -77,8 +77,9 @@ def test_converted_model_gives_our_log_probs_and_greedy_ids(variant, tmp_path):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A tiny translator over the real test tokenizers (short output bound, so some rows hit
-    it) and its CTranslate2 export."""
-    translator = tiny_translator(DecodeConfig(chunk_size=4, max_output_ratio=0.5, max_output_extra=2), seed=2)
+    it; sources over 8 tokens cut, as its manifest tells the wrapper) and its CTranslate2 export."""
+    translator = tiny_translator(DecodeConfig(chunk_size=4, max_output_ratio=0.5, max_output_extra=2, cut_over=8),
+                                 seed=2)
     directory = shared_tokenizers()[1]
     path = export_ctranslate2(translator.model, directory, tmp_path_factory.mktemp("ct2") / "model",
                               config=translator.config)

@@ -91,7 +91,8 @@ def test_an_export_traces_the_decoding_once(tmp_path, monkeypatch):
     traces = []
     decode = Translator._decode_ids_impl
     monkeypatch.setattr(Translator, "_decode_ids_impl", lambda self, src_ids: traces.append(1) or decode(self, src_ids))
-    translator = tiny_translator(DecodeConfig(chunk_size=4, streams=2), num_layers=1)
+    # cut_over: the export cuts sources that fit the model as the in-memory translator does
+    translator = tiny_translator(DecodeConfig(chunk_size=4, streams=2, cut_over=6), num_layers=1)
     converted, convert = [], autograph_api._convert_actual
     monkeypatch.setattr(autograph_api, "_convert_actual",
                         lambda entity, ctx: converted.append(getattr(entity, "__module__", None)) or convert(entity, ctx))
@@ -99,7 +100,9 @@ def test_an_export_traces_the_decoding_once(tmp_path, monkeypatch):
     assert len(traces) == 1
     assert converted and not [module for module in converted if str(module).startswith("transformer")]
     assert not any("decode" in name for name in dir(loaded.module))
-    assert loaded.translate(SENTENCES[:3]) == translator.translate(SENTENCES[:3])
+    sentences = SENTENCES[:3] + ["Deus é amor. Jesus chorou."]  # the last: 2 sentences, over 6 tokens
+    assert len(translator.pieces(tf.constant(sentences))[1]) > 4 and loaded.manifest["decode"]["cut_over"] == 6
+    assert loaded.translate(sentences) == translator.translate(sentences)
 
 
 def test_the_loops_call_one_decode_function_that_is_optimised_once(exported):

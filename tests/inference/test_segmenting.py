@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from helpers_translation import shared_tokenizers, tiny_translator
 
-from transformer.inference.segmenting import CUT_PATTERNS, split_long_sources
+from transformer.inference.segmenting import CUT_PATTERNS, cut_limit, split_long_sources
 from transformer.inference.translator import DecodeConfig
 
 PARAGRAPH = ("No princípio criou Deus os céus e a terra. A terra era sem forma e vazia; havia trevas sobre a face "
@@ -61,6 +61,14 @@ def test_a_comma_is_a_cut_only_inside_a_sentence_still_too_long(src_tokenizer):
         "havia trevas sobre a face do abismo,", "e o Espírito de Deus pairava sobre as águas."]
 
 
+def test_below_the_model_limit_sources_are_cut_at_sentence_ends_only(src_tokenizer):
+    sentence = "havia trevas sobre a face do abismo, e o Espírito de Deus pairava sobre as águas."
+    rows = [sentence + " " + SHORT, sentence]
+    pieces, piece_rows = split_long_sources(src_tokenizer.tokenize, tf.constant(rows), 1000, sentences_over=3)
+    assert [p.decode() for p in pieces.numpy()] == [sentence, "Deus é amor.", "Jesus chorou.", sentence]
+    assert piece_rows.numpy().tolist() == [0, 0, 0, 1]
+
+
 def test_empty_batch_and_invalid_utf8(src_tokenizer):
     assert split(src_tokenizer, [], 5) == ([], [])
     pieces, rows = split_long_sources(src_tokenizer.tokenize, tf.constant([b"Fim. \xff\xfe " + PARAGRAPH.encode()]), 5)
@@ -80,3 +88,22 @@ def test_a_cut_row_translates_as_its_pieces_each_alone():
     np.testing.assert_array_equal(
         lengths, [sum(n[0] for (_, n), r in zip(alone, piece_rows.numpy()) if r == row) for row in range(len(rows))])
     assert translator.translate([SHORT]) == [texts[3]]  # uncut rows as without the others
+
+
+def test_cut_over_cuts_rows_that_fit_the_model_and_only_those_over_it():
+    translator = tiny_translator(DecodeConfig(chunk_size=4), max_length=64)
+    rows = [SHORT, "Deus é amor.", ""]
+    over = int(translator.source_ids(tf.constant([SHORT]))[0].row_lengths()[0]) - 2 - 1  # SHORT: one token over
+    assert translator.pieces(tf.constant(rows))[1].numpy().tolist() == [0, 1, 2]  # default: all fit, none cut
+    for cut_over, cut in ((over, True), (over + 1, False), (10_000, False)):
+        piece_rows = translator.with_config(cut_over=cut_over).pieces(tf.constant(rows))[1].numpy().tolist()
+        assert piece_rows == ([0, 0, 1, 2] if cut else [0, 1, 2]), cut_over
+    shorter = translator.with_config(cut_over=over)
+    assert shorter.translate(rows) == [" ".join(t for t in shorter.translate(["Deus é amor.", "Jesus chorou."]) if t),
+                                       translator.translate(["Deus é amor."])[0], ""]
+
+
+def test_cut_limit_is_capped_at_the_model_positions():
+    assert [cut_limit(n, 128) for n in (0, 1, 64, 126, 127, 10_000)] == [126, 1, 64, 126, 126, 126]
+    with pytest.raises(ValueError, match="cut_over must be >= 0"):
+        DecodeConfig(cut_over=-1).validate()

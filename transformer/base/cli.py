@@ -503,7 +503,7 @@ def _flag_note(message: str) -> str:
 
 def add_decode_args(parser) -> None:
     """Adds the DecodeConfig flags (--beam, --alpha, --max-output-*, --chunk-size, --xla, --drop-finished,
-    --streams) to a parser."""
+    --streams, --cut-over) to a parser."""
     defaults = DecodeConfig()
     group = parser.add_argument_group("decoding")
     group.add_argument("--beam", type=int, default=defaults.beam_size, help="beam size (1 = greedy)")
@@ -522,6 +522,10 @@ def add_decode_args(parser) -> None:
                             f"(for --dtype bfloat16 exports, docs/speed.md; default {defaults.projection_dtype})")
     group.add_argument("--streams", type=int, default=defaults.streams,
                        help=f"chunks decoded at once, each by its own loop (default {defaults.streams})")
+    group.add_argument("--cut-over", type=int, default=defaults.cut_over, metavar="TOKENS",
+                       help="a source over this many tokens is cut after its sentence ends and its sentences "
+                            "translated alone (a piece over the model's max_length - 2 also after its commas); "
+                            f"0 = only sources over max_length - 2 (default {defaults.cut_over})")
 
 
 def add_thread_args(parser) -> None:
@@ -576,6 +580,6 @@ def decode_config_from_args(args) -> DecodeConfig:
                             max_output_extra=args.max_output_extra, chunk_size=args.chunk_size,
                             jit_compile=args.xla, drop_finished=args.drop_finished,
                             projection_dtype=args.projection_dtype,
-                            streams=args.streams).validate()
+                            streams=args.streams, cut_over=args.cut_over).validate()
     except ValueError as err:
         raise ConfigError(f"{err}{_flag_note(str(err))}") from err

@@ -1,15 +1,18 @@
-"""Sources longer than the model's positions: cut into pieces that fit, their translations joined.
+"""Long sources: cut into sentences (and clauses where the model needs), their translations joined.
 
-    pieces, rows = split_long_sources(tokenizers.src.tokenize, sentences, max_tokens=126)  # [P], [P]
-    translations = join_pieces(piece_translations, rows, batch)                   # [batch]
+    pieces, rows = split_long_sources(tokenizers.src.tokenize, sentences, max_tokens=126,
+                                      sentences_over=40)                            # [P], [P]
+    translations = join_pieces(piece_translations, rows, batch)                     # [batch]
 
 The model has `max_length` positions, so a source over `max_length - 2` tokens (a paragraph
 on one line, a whole news article) would otherwise be truncated and its end never
-translated. Such a row is cut after each sentence end (`.`, `!`, `?`, `;`, `:` or `…`,
-closing quotes or brackets included, then white space); a piece still too long is cut after
-each comma. Each piece is translated on its own and the row's translations are joined with
-a space, in order. A row that fits is one piece, untouched: its translation is the same as
-without this step. A clause over the limit with no comma is still truncated.
+translated; and it learnt from verses of 1-3 sentences, so it translates a long line of
+several sentences worse than those sentences one by one. A row over `sentences_over` tokens
+(`DecodeConfig.cut_over`) is cut after each sentence end (`.`, `!`, `?`, `;`, `:` or `…`,
+closing quotes or brackets included, then white space); a piece still over `max_tokens` is
+cut after each comma. Each piece is translated on its own and the row's translations are
+joined with a space, in order. A shorter row is one piece, untouched. A clause over
+`max_tokens` with no comma is still truncated.
 
 All in TensorFlow ops (tf.strings, ragged tensors), so an export does the same.
 """
@@ -30,19 +33,27 @@ def sanitize(sentences: tf.Tensor) -> tf.Tensor:
     return tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
 
 
-def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int) -> tuple[tf.Tensor, tf.Tensor]:
+def cut_limit(cut_over: int, max_length: int) -> int:
+    """Tokens a source may have before it is cut at sentence ends: `cut_over` (DecodeConfig; 0 = the
+    model's) capped at the model's `max_length - 2` (its positions less [START] and [END])."""
+    return min(cut_over, max_length - 2) if cut_over > 0 else max_length - 2
+
+
+def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int,
+                       sentences_over: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """`[n]` tf.string → (pieces `[p]` tf.string (sanitized), rows `[p]` int64: each piece's input row).
 
     `tokenize`: `[n]` tf.string → ragged int64 `[n, (tokens)]` with [START] … [END] (the source
-    tokenizer's `tokenize`). Rows of at most `max_tokens` tokens (without [START]/[END]) are one
-    piece each; longer ones are cut by `CUT_PATTERNS`, one pattern after the other, each
-    applied to the pieces still too long. Pieces come in row order, then text order; every row
-    has at least one.
+    tokenizer's `tokenize`). A row over `sentences_over` tokens (without [START]/[END]; default
+    `max_tokens`) is cut after its sentence ends; a piece still over `max_tokens`, after its
+    commas (`CUT_PATTERNS` in order). Other rows are one piece each. Pieces come in row order,
+    then text order; every row has at least one.
     """
     pieces = sanitize(sentences)
     rows = tf.range(tf.shape(pieces, out_type=tf.int64)[0])
-    for pattern in CUT_PATTERNS:
-        too_long = tokenize(pieces).row_lengths() - 2 > max_tokens
+    limits = (max_tokens if sentences_over is None else sentences_over, max_tokens)
+    for pattern, limit in zip(CUT_PATTERNS, limits):
+        too_long = tokenize(pieces).row_lengths() - 2 > limit
         marked = tf.where(too_long, tf.strings.regex_replace(pieces, pattern, b"\\1" + _MARK), pieces)
         parts = tf.strings.split(marked, _MARK)  # [pieces, (parts)]: one part where nothing was marked
         pieces, rows = parts.flat_values, tf.gather(rows, parts.value_rowids())

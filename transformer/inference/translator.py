@@ -7,10 +7,11 @@
 
 What one call does, all in one TensorFlow graph (so the SavedModel does the same):
   1. sanitise: invalid UTF-8 is replaced by U+FFFD (`unicode_transcode(errors="replace")`);
-  2. cut a source over `max_length - 2` tokens (a paragraph on one line) into pieces after its
-     sentence ends, then its commas (transformer/inference/segmenting.py), each piece then
-     translated as a sentence; tokenize every piece, [START] + tokens + [END]; a piece still
-     too long (a clause with no comma) keeps its first `max_length - 2` tokens;
+  2. cut a source over `cut_over` tokens (40; a paragraph on one line) into pieces after its
+     sentence ends, and a piece over `max_length - 2` after its commas
+     (transformer/inference/segmenting.py), each piece then translated as a sentence; tokenize
+     every piece, [START] + tokens + [END]; a piece still too long (a clause with no comma)
+     keeps its first `max_length - 2` tokens;
   3. sort the batch by source length and decode it in chunks of `chunk_size` sentences
      (cached greedy or beam search, transformer/inference/decoding.py), `streams` chunks at
      once (chunk k by loop k mod streams); a sentence's output is bounded by
@@ -218,9 +219,11 @@ class Translator(tf.Module):
         return tokenize_sources(self._tokenize.function, sentences, self.max_length)
 
     def pieces(self, sentences):
-        """`[batch]` strings → (pieces `[p]` tf.string, rows `[p]` int64): sources over `max_length - 2`
-        tokens cut at sentence ends, then commas (segmenting.split_long_sources); the others whole."""
-        return segmenting.split_long_sources(self._tokenize.function, sentences, self.max_length - 2)
+        """`[batch]` strings → (pieces `[p]` tf.string, rows `[p]` int64): sources over `cut_over` tokens
+        (0: `max_length - 2`) cut at sentence ends, pieces over `max_length - 2` then at commas
+        (segmenting.split_long_sources); the others whole."""
+        return segmenting.split_long_sources(self._tokenize.function, sentences, self.max_length - 2,
+                                             segmenting.cut_limit(self.config.cut_over, self.max_length))
 
     def _translate(self, sentences):
         """Cut long sources → sort the pieces by length → decode the chunks in `streams` concurrent
