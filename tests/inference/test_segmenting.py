@@ -69,6 +69,12 @@ def test_below_the_model_limit_sources_are_cut_at_sentence_ends_only(src_tokeniz
     assert piece_rows.numpy().tolist() == [0, 0, 0, 1]
 
 
+def test_abbreviations_and_initials_are_no_sentence_ends(src_tokenizer):
+    row = "O Sr. Silva leu a p. 5 com J. K. Rowling. Depois saiu."
+    pieces, _ = split_long_sources(src_tokenizer.tokenize, tf.constant([row]), 1000, sentences_over=1)
+    assert [p.decode() for p in pieces.numpy()] == ["O Sr. Silva leu a p. 5 com J. K. Rowling.", "Depois saiu."]
+
+
 def test_empty_batch_and_invalid_utf8(src_tokenizer):
     assert split(src_tokenizer, [], 5) == ([], [])
     pieces, rows = split_long_sources(src_tokenizer.tokenize, tf.constant([b"Fim. \xff\xfe " + PARAGRAPH.encode()]), 5)

@@ -9,7 +9,8 @@ on one line, a whole news article) would otherwise be truncated and its end neve
 translated; and it learnt from verses of 1-3 sentences, so it translates a long line of
 several sentences worse than those sentences one by one. A row over `sentences_over` tokens
 (`DecodeConfig.cut_over`) is cut after each sentence end (`.`, `!`, `?`, `;`, `:` or `…`,
-closing quotes or brackets included, then white space); a piece still over `max_tokens` is
+closing quotes or brackets included, then white space; not after an abbreviation such as
+"Sr." or an initial); a piece still over `max_tokens` is
 cut after each comma. Each piece is translated on its own and the row's translations are
 joined with a space, in order. A shorter row is one piece, untouched. A clause over
 `max_tokens` with no comma is still truncated.
@@ -26,6 +27,12 @@ import tensorflow as tf
 CUT_PATTERNS = (r"([.!?;:…][\"'”’»)\]]*)\s+", r"(,)\s+")
 # Put where a cut goes, then split on: a byte that sanitized (valid UTF-8) text never holds.
 _MARK = b"\xff"
+# A period that ends an abbreviation or an initial ("Sr. Silva", "J. K. Rowling", "p. 5") is no
+# sentence end: the space after it is held by another such byte while the row is cut.
+ABBREVIATION = (r"\b((?:[A-Z]|Sr|Sra|Srs|Sras|Dr|Dra|Drs|Dras|Prof|Profa|Profs|Exmo|Exma|Ilmo|Ilma|"
+                r"Av|Pe|Sto|Sta|Mr|Mrs|Ms|St|Jr|Lda|Ltda|Cia|art|arts|cap|caps|fig|pág|págs|p|pp|n|nº|núm|vol|vols|"
+                r"ed|cf|ex)\.)\s+")
+_HELD = b"\xfe"
 
 
 def sanitize(sentences: tf.Tensor) -> tf.Tensor:
@@ -54,9 +61,11 @@ def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int,
     limits = (max_tokens if sentences_over is None else sentences_over, max_tokens)
     for pattern, limit in zip(CUT_PATTERNS, limits):
         too_long = tokenize(pieces).row_lengths() - 2 > limit
-        marked = tf.where(too_long, tf.strings.regex_replace(pieces, pattern, b"\\1" + _MARK), pieces)
+        held = tf.strings.regex_replace(pieces, ABBREVIATION, b"\\1" + _HELD)
+        marked = tf.where(too_long, tf.strings.regex_replace(held, pattern, b"\\1" + _MARK), pieces)
         parts = tf.strings.split(marked, _MARK)  # [pieces, (parts)]: one part where nothing was marked
-        pieces, rows = parts.flat_values, tf.gather(rows, parts.value_rowids())
+        pieces = tf.strings.reduce_join(tf.strings.split(parts.flat_values, _HELD), axis=-1, separator=" ")
+        rows = tf.gather(rows, parts.value_rowids())
     return pieces, rows
 
 
