@@ -59,12 +59,13 @@ def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int,
     pieces = sanitize(sentences)
     rows = tf.range(tf.shape(pieces, out_type=tf.int64)[0])
     limits = (max_tokens if sentences_over is None else sentences_over, max_tokens)
-    for pattern, limit in zip(CUT_PATTERNS, limits):
+    for pattern, limit, hold in zip(CUT_PATTERNS, limits, (ABBREVIATION, None)):  # abbreviations: sentence ends only
         too_long = tokenize(pieces).row_lengths() - 2 > limit
-        held = tf.strings.regex_replace(pieces, ABBREVIATION, b"\\1" + _HELD)
-        marked = tf.where(too_long, tf.strings.regex_replace(held, pattern, b"\\1" + _MARK), pieces)
+        text = pieces if hold is None else tf.strings.regex_replace(pieces, hold, b"\\1" + _HELD)
+        marked = tf.where(too_long, tf.strings.regex_replace(text, pattern, b"\\1" + _MARK), pieces)
         parts = tf.strings.split(marked, _MARK)  # [pieces, (parts)]: one part where nothing was marked
-        pieces = tf.strings.reduce_join(tf.strings.split(parts.flat_values, _HELD), axis=-1, separator=" ")
+        pieces = parts.flat_values if hold is None else tf.strings.reduce_join(
+            tf.strings.split(parts.flat_values, _HELD), axis=-1, separator=" ")
         rows = tf.gather(rows, parts.value_rowids())
     return pieces, rows
 
