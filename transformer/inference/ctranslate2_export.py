@@ -298,8 +298,8 @@ class CTranslate2Translator:
     def _source_ids_impl(self, sentences):
         """`[n]` strings → (ragged source ids `[p, (len)]`, has_tokens `[p]`, input row `[p]`) of the
         pieces our Translator decodes (long sources cut as it cuts them, `segmenting`)."""
-        pieces, rows = segmenting.split_long_sources(self.tokenizers.src.tokenize, sentences, self.max_length - 2,
-                                                     segmenting.cut_limit(self.config.cut_over, self.max_length))
+        pieces, rows = segmenting.split_for_model(self.tokenizers.src.tokenize, sentences, self.max_length,
+                                                  self.config.cut_over)
         return (*tokenize_sources(self.tokenizers.src.tokenize, pieces, self.max_length), rows)
 
     def translate_with_lengths(self, sentences) -> tuple[list[str], np.ndarray]:

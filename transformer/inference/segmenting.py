@@ -1,7 +1,7 @@
 """Long sources: cut into sentences (and clauses where the model needs), their translations joined.
 
-    pieces, rows = split_long_sources(tokenizers.src.tokenize, sentences, max_tokens=126,
-                                      sentences_over=40)                            # [P], [P]
+    pieces, rows = split_for_model(tokenizers.src.tokenize, sentences, max_length=128,
+                                   cut_over=40)                                     # [P], [P]
     translations = join_pieces(piece_translations, rows, batch)                     # [batch]
 
 The model has `max_length` positions, so a source over `max_length - 2` tokens (a paragraph
@@ -44,6 +44,13 @@ def cut_limit(cut_over: int, max_length: int) -> int:
     """Tokens a source may have before it is cut at sentence ends: `cut_over` (DecodeConfig; 0 = the
     model's) capped at the model's `max_length - 2` (its positions less [START] and [END])."""
     return min(cut_over, max_length - 2) if cut_over > 0 else max_length - 2
+
+
+def split_for_model(tokenize, sentences: tf.Tensor, max_length: int, cut_over: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """`split_long_sources` for a model of `max_length` positions and `DecodeConfig.cut_over`:
+    rows over `cut_limit(cut_over, max_length)` tokens cut at sentence ends, pieces over
+    `max_length - 2` then at commas. What the Translator, its export and the CTranslate2 wrapper cut."""
+    return split_long_sources(tokenize, sentences, max_length - 2, cut_limit(cut_over, max_length))
 
 
 def split_long_sources(tokenize, sentences: tf.Tensor, max_tokens: int,

@@ -221,9 +221,8 @@ class Translator(tf.Module):
     def pieces(self, sentences):
         """`[batch]` strings → (pieces `[p]` tf.string, rows `[p]` int64): sources over `cut_over` tokens
         (0: `max_length - 2`) cut at sentence ends, pieces over `max_length - 2` then at commas
-        (segmenting.split_long_sources); the others whole."""
-        return segmenting.split_long_sources(self._tokenize.function, sentences, self.max_length - 2,
-                                             segmenting.cut_limit(self.config.cut_over, self.max_length))
+        (segmenting.split_for_model); the others whole."""
+        return segmenting.split_for_model(self._tokenize.function, sentences, self.max_length, self.config.cut_over)
 
     def _translate(self, sentences):
         """Cut long sources → sort the pieces by length → decode the chunks in `streams` concurrent
