@@ -113,3 +113,23 @@ def test_cut_limit_is_capped_at_the_model_positions():
     assert [cut_limit(n, 128) for n in (0, 1, 64, 126, 127, 10_000)] == [126, 1, 64, 126, 126, 126]
     with pytest.raises(ValueError, match="cut_over must be >= 0"):
         DecodeConfig(cut_over=-1).validate()
+
+
+def test_the_attention_of_a_cut_row_is_its_pieces_side_by_side():
+    """`serve_attention` cuts as `translate` does; the heatmap shows every piece, each in its block."""
+    from transformer.measure.attention_plot import attention_for_sentence
+
+    translator = tiny_translator(DecodeConfig(chunk_size=4, cut_over=3), max_length=64)
+    rows = ["Deus é amor.", SHORT]
+    details = translator.attention(rows)
+    assert details["rows"].tolist() == [0, 1, 1]  # SHORT: two sentences over 3 tokens
+    assert [t.decode() for t in details["line_translations"]] == translator.translate(rows)
+    weights, source, target, translation = attention_for_sentence(details, 1)
+    assert translation == translator.translate([SHORT])[0]
+    pieces = [attention_for_sentence(translator.attention([p]), 0) for p in ("Deus é amor.", "Jesus chorou.")]
+    assert source == pieces[0][1] + pieces[1][1] and target == pieces[0][2] + pieces[1][2]
+    (t1, s1) = pieces[0][0].shape
+    np.testing.assert_allclose(weights[:t1, :s1], pieces[0][0], atol=1e-5)
+    np.testing.assert_allclose(weights[t1:, s1:], pieces[1][0], atol=1e-5)
+    assert not weights[:t1, s1:].any() and not weights[t1:, :s1].any()  # a piece sees its own source only
+    assert attention_for_sentence(details, 0)[3] == translator.translate(["Deus é amor."])[0]

@@ -3,9 +3,11 @@
 Signatures of an exported model (inputs and outputs are named):
 
     serving_default:  {"sentences": tf.string [batch]} → {"translations": tf.string [batch]}
-    attention:        {"sentences": tf.string [batch]} → {"translations", "source_tokens",
-                      "source_lengths", "target_ids", "target_tokens", "target_lengths",
-                      "attention" [batch, heads, steps, src_len]}   (see Translator.serve_attention)
+    attention:        {"sentences": tf.string [batch]} → {"line_translations" [batch], and per
+                      piece of a sentence (long ones cut as translated): "rows", "translations",
+                      "source_tokens", "source_lengths", "target_ids", "target_tokens",
+                      "target_lengths", "attention" [pieces, heads, steps, src_len]}
+                      (see Translator.serve_attention)
 
 The tokenizers travel inside (their vocabularies are SavedModel assets), so loading needs
 only `import tensorflow, tensorflow_text` — tensorflow_text registers the tokenizer ops:

@@ -96,8 +96,8 @@ class _NotExported:
 
 
 # The outputs of `Translator.serve_attention` (the export's "attention" signature).
-ATTENTION_OUTPUTS = ("translations", "source_tokens", "source_lengths", "target_ids", "target_tokens",
-                     "target_lengths", "attention")
+ATTENTION_OUTPUTS = ("rows", "line_translations", "translations", "source_tokens", "source_lengths", "target_ids",
+                     "target_tokens", "target_lengths", "attention")
 
 
 class Translator(tf.Module):
@@ -182,20 +182,25 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[SENTENCES_SPEC], autograph=False)
     def serve_attention(self, sentences):
-        """Greedy translation with tokens and cross-attention, for plots (no chunking, no XLA; a
-        source over `max_length - 2` tokens is truncated, not cut into pieces).
+        """Greedy translation with tokens and cross-attention, for plots (no chunking, no XLA). Long
+        sources are cut into pieces as `translate` cuts them (`pieces`): the per-piece outputs have
+        one row per piece, `rows` names each piece's sentence.
 
         Returns a dict:
-            translations: `[batch]` tf.string.
-            source_tokens: `[batch, src_len]` tf.string wordpieces ([START] … [END], "[PAD]" after).
-            source_lengths: `[batch]` int32.
-            target_ids: `[batch, steps]` int32 generated ids ([END] included, 0 after).
-            target_tokens: `[batch, steps]` tf.string.
-            target_lengths: `[batch]` int32.
-            attention: `[batch, heads, steps, src_len]` float32, last decoder layer's
+            rows: `[pieces]` int64, the input sentence of each piece (ascending).
+            line_translations: `[batch]` tf.string, each sentence's translation (its pieces' joined),
+                what `translate` returns.
+            translations: `[pieces]` tf.string.
+            source_tokens: `[pieces, src_len]` tf.string wordpieces ([START] … [END], "[PAD]" after).
+            source_lengths: `[pieces]` int32.
+            target_ids: `[pieces, steps]` int32 generated ids ([END] included, 0 after).
+            target_tokens: `[pieces, steps]` tf.string.
+            target_lengths: `[pieces]` int32.
+            attention: `[pieces, heads, steps, src_len]` float32, last decoder layer's
                 cross-attention while generating each target token.
         """
-        src, has_tokens = self.source_ids(sentences)
+        pieces, rows = self.pieces(sentences)
+        src, has_tokens = self.source_ids(pieces)
         src_ids = src.to_tensor()  # [B, S]
         result = decoding.greedy_translate(self.model, tf.cast(src_ids, tf.int32), self._max_steps(tf.shape(src_ids)[1]),
                                            max_lengths=self._row_limits(src_ids), return_attention=True,
@@ -203,8 +208,11 @@ class Translator(tf.Module):
         ids = result.ids
         lengths = tf.where(has_tokens, result.lengths, 0)
         ids = tf.where(tf.range(tf.shape(ids)[1])[tf.newaxis] < lengths[:, tf.newaxis], ids, PAD_ID)
+        translations = tf.where(has_tokens, self.detokenize(ids), "")
         return {
-            "translations": tf.where(has_tokens, self.detokenize(ids), ""),
+            "rows": rows,
+            "line_translations": segmenting.join_pieces(translations, rows, tf.shape(sentences)[0]),
+            "translations": translations,
             "source_tokens": self.tokenizers.src.lookup(src_ids),
             "source_lengths": tf.cast(src.row_lengths(), tf.int32),
             "target_ids": ids,

@@ -22,19 +22,33 @@ def _decode(token) -> str:
 def attention_for_sentence(details: dict, index: int = 0, head: Optional[int] = None):
     """One sentence's (attention `[target_len, source_len]`, source tokens, target tokens, translation).
 
+    A sentence cut into pieces (`rows` in `details`) is drawn as its pieces side by side: the
+    pieces' source tokens in order on one axis, their generated tokens on the other, each
+    piece's attention in its own block (a piece attends to its own source only; 0 elsewhere).
+
     Args:
         details: the dict of `Translator.attention` / the export's `attention` signature
-            (tensors or numpy arrays).
+            (tensors or numpy arrays; an export without `rows` has one piece per sentence).
         index: int. Which sentence of the batch.
         head: optional int. One attention head; None averages the heads.
     """
     get = {k: np.asarray(v) for k, v in details.items()}
-    src_len, tgt_len = int(get["source_lengths"][index]), int(get["target_lengths"][index])
-    weights = get["attention"][index]  # [heads, T, S]
-    weights = weights.mean(axis=0) if head is None else weights[head]
-    source = [_decode(t) for t in get["source_tokens"][index][:src_len]]
-    target = [_decode(t) for t in get["target_tokens"][index][:tgt_len]]
-    return weights[:tgt_len, :src_len], source, target, _decode(get["translations"][index])
+    rows = get.get("rows", np.arange(len(get["source_lengths"])))
+    blocks, source, target = [], [], []
+    for piece in np.flatnonzero(rows == index):
+        src_len, tgt_len = int(get["source_lengths"][piece]), int(get["target_lengths"][piece])
+        weights = get["attention"][piece]  # [heads, T, S]
+        weights = weights.mean(axis=0) if head is None else weights[head]
+        blocks.append(weights[:tgt_len, :src_len])
+        source += [_decode(t) for t in get["source_tokens"][piece][:src_len]]
+        target += [_decode(t) for t in get["target_tokens"][piece][:tgt_len]]
+    attention = np.zeros([len(target), len(source)], np.float32)
+    t = s = 0
+    for block in blocks:
+        attention[t:t + block.shape[0], s:s + block.shape[1]] = block
+        t, s = t + block.shape[0], s + block.shape[1]
+    translations = get.get("line_translations", get["translations"])
+    return attention, source, target, _decode(translations[index])
 
 
 def plot_attention(attention: np.ndarray, source_tokens: Sequence[str], target_tokens: Sequence[str],
