@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -211,3 +212,31 @@ def test_a_failing_step_fails_the_requests_in_the_engine_and_the_batcher_keeps_s
     failed, ok = asyncio.run(clients())
     batcher.stop()
     assert isinstance(failed, RuntimeError) and ok == ["OK"] and batcher.queued == 0
+
+
+class SlowEngine(CountingEngine):
+    """A step takes 2 ms with the GIL released, as a TensorFlow call does."""
+
+    def step(self):
+        time.sleep(0.002)
+        return super().step()
+
+
+def test_two_engines_share_the_waiting_sentences_and_a_busy_one_never_waits_for_the_other():
+    engines = [SlowEngine(), SlowEngine()]
+    batcher = StepBatcher(engines, max_batch=8, max_wait_ms=0)
+    batcher.start().ready.wait()
+    texts = [f"{k:02d}" + "y" * (k % 5) for k in range(24)]
+
+    async def clients():
+        return await asyncio.gather(*(batcher.translate(texts[k:k + 3]) for k in range(0, len(texts), 3)))
+
+    answers = asyncio.run(clients())
+    assert [t for answer in answers for t in answer] == [t.upper() for t in texts]  # each its own, in order
+    assert all(engine.added for engine in engines)  # both engines decoded
+    assert max(len(rows) for engine in engines for rows in engine.step_rows) <= 8
+    # One request alone: one engine decodes it while the other, idle, waits for work holding the
+    # planning lock; the busy one must not wait for that lock (it would wait forever here).
+    slow = asyncio.run(asyncio.wait_for(batcher.translate(["z" * 50]), 10))
+    batcher.stop()
+    assert slow == ["Z" * 50] and batcher.queued == 0

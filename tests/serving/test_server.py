@@ -116,7 +116,14 @@ def streams_server(model):
         yield running
 
 
-@pytest.mark.parametrize("which", ["server", "streams_server"])
+@pytest.fixture(scope="module")
+def step_streams_server(model):
+    """Step batching with two running batches, one thread each."""
+    with ServerThread(model, BatchingConfig(max_batch=16, max_wait_ms=5, mode="step", streams=2)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("which", ["server", "streams_server", "step_streams_server"])
 def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(which, offline, request):
     server = request.getfixturevalue(which)
     plan = share(make_requests(SENTENCES + EDGE + BAD_INPUTS[:4], requests=160, max_texts_per_request=4, seed=1),
@@ -132,19 +139,19 @@ def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(which,
         assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
     joins = server.batcher.stats["batches"] - before["batches"]
     assert joins < 160  # requests joined decoder calls together
-    if which == "server":
+    if which != "streams_server":
         steps = server.batcher.stats["steps"] - before["steps"]
         assert server.batcher.mode == "step"
         assert (server.batcher.stats["row_steps"] - before["row_steps"]) / steps > 2  # and shared its steps
+        assert sum(t.is_alive() for t in server.batcher._threads) == server.batcher.streams
     else:
         assert server.batcher.mode == "run" and sum(t.is_alive() for t in server.batcher._threads) == 2
     assert server.batcher.queued == 0
 
 
-def test_step_batching_refuses_decoder_streams(model):
-    with pytest.raises(ValueError, match="step-level batching decodes on one thread"):
-        BatchingConfig(mode="step", streams=2).resolve(model)
+def test_step_batching_runs_one_batch_per_decoder_stream(model):
     assert BatchingConfig(mode="step").resolve(model).streams == 1
+    assert BatchingConfig(mode="step", streams=2).resolve(model).streams == 2
 
 
 def test_thread_pools_follow_the_batching(tmp_path):
@@ -153,6 +160,7 @@ def test_thread_pools_follow_the_batching(tmp_path):
     (export / "saved_model.pb").write_bytes(b"")
     (export / "translator.json").write_text(json.dumps({"decode": {"streams": 5}}))
     assert BatchingConfig(mode="step").threads(export) == Threads()  # one thread drives the batch: TF's defaults
+    assert BatchingConfig(mode="step", streams=2).threads(export) == decoding_threads(2)  # one loop per batch
     assert BatchingConfig(mode="run", streams=3).threads(tmp_path, DecodeConfig(streams=1)) == decoding_threads(3)
     assert BatchingConfig(mode="run").threads(tmp_path, DecodeConfig(streams=1)) == decoding_threads(2)
     assert BatchingConfig(mode="run").threads(export) == decoding_threads(5)  # the export's own loops

@@ -44,8 +44,8 @@ def main(argv=None) -> int:
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
                              "else run); run: length-sorted runs, each decoded to its end (default run)")
     parser.add_argument("--decoder-streams", type=int,
-                        help="with run batching, decoder calls running at once (default 2; step batching "
-                             "decodes on one thread)")
+                        help="with run batching, decoder calls running at once (default 2); with step "
+                             "batching, running batches, one thread each (default 1)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)

@@ -40,8 +40,8 @@ def main(argv=None) -> int:
                         help="step: sentences join and leave a running decode between steps (greedy without XLA; "
                              "else run); run: length-sorted runs, each decoded to its end (default run)")
     group.add_argument("--decoder-streams", type=int,
-                        help="with run batching, decoder calls running at once (default 2; step batching "
-                             "decodes on one thread)")
+                        help="with run batching, decoder calls running at once (default 2); with step "
+                             "batching, running batches, one thread each (default 1)")
     group.add_argument("--max-queue", type=int, default=1024,
                        help="most sentences waiting; beyond it 503 with Retry-After (default 1024)")
     group.add_argument("--max-texts", type=int, default=64, help="most texts per request (default 64; more: 413)")

@@ -1,14 +1,14 @@
 """Dynamic batching: sentences from many clients decoded together.
 
-    batcher = StepBatcher(engine, max_batch=128, max_wait_ms=5, max_queue=1024)   # step-level
+    batcher = StepBatcher([engine, engine2], max_batch=128, max_wait_ms=5, max_queue=1024)   # step-level
     batcher = DynamicBatcher(translate, max_batch=128, max_wait_ms=5, streams=2)   # whole runs
     batcher.start(warmup=["Olá."])                # the decoding thread; warms up, then ready
     await batcher.translate(["olá", "bom dia"], timeout_s=30)   # from the event loop
 
-`StepBatcher` (`--batching step`, greedy models without XLA) drives a step engine
-(`transformer.inference.stepping.ContinuousDecoder`): waiting sentences join the running
-decode between steps and each leaves when it ends, so no sentence waits for a longer one or
-for a batch to finish (see the class).
+`StepBatcher` (`--batching step`, greedy models without XLA) drives step engines
+(`transformer.inference.stepping.ContinuousDecoder`), one thread each: waiting sentences join a
+running decode between steps and each leaves when it ends, so no sentence waits for a longer
+one or for a batch to finish (see the class).
 
 `DynamicBatcher` decodes whole runs with one `translate` call each, `streams` calls at once
 (one decoding thread each: a decoder step of a small run is bound by its many small kernels,
@@ -350,68 +350,112 @@ class DynamicBatcher:
 class StepBatcher(DynamicBatcher):
     """Step-level continuous batching: sentences join a running decode between its steps.
 
-    `engine` decodes up to `steps_per_call` tokens for each of its active rows per `step` (e.g.
-    `transformer.inference.stepping.ContinuousDecoder`). The decoding thread loops: move the
-    waiting sentences into the engine (oldest first, up to `max_batch` rows in all), call `step`,
-    answer every request whose sentences have all finished. While the engine has rows waiting
-    sentences join every `JOIN_EVERY_STEPS` steps (or every call, if it decodes as many); when it is idle, the first sentences
-    wait as in `DynamicBatcher` (until `max_batch` sentences or `max_wait_ms` after the oldest
-    arrived).
-    A row costs only its own steps: it leaves as soon as it ends, and a new sentence starts at
-    the next step instead of after the longest row of a batch.
+    Each engine decodes up to `steps_per_call` tokens for each of its active rows per `step` (e.g.
+    `transformer.inference.stepping.ContinuousDecoder`), driven by a thread of its own. A thread
+    loops: move waiting sentences into its engine (oldest first, up to `max_batch` rows), call
+    `step`, answer every request whose sentences have all finished. While its engine has rows,
+    waiting sentences join every `JOIN_EVERY_STEPS` steps (or every call, if it decodes as many);
+    when it is idle, the first sentences wait as in `DynamicBatcher` (until `max_batch` sentences
+    or `max_wait_ms` after the oldest arrived). A row costs only its own steps: it leaves as
+    soon as it ends, and a new sentence starts at the next step instead of after the longest
+    row of a batch.
+
+    With several engines (one per core: a small batch's step is bound by its kernels' fixed
+    cost, so two batches of N rows on two threads take about the time of one), the waiting
+    sentences are shared so that the engines hold about as many rows each: a thread joining
+    takes up to `ceil((waiting + rows of every engine) / engines)` minus its own rows. One
+    thread gathers at a time; a thread with rows never waits for another's gathering (it
+    steps and joins at a later turn).
 
     Args:
-        engine: has `add(texts, keys)`, `step() → [(key, translation)]` of the rows that ended
-            (up to `steps_per_call` tokens per row), `steps` and `row_steps` (counters of steps
-            and rows over them), `active` (rows being decoded), `reset()` (drop every row) and
+        engines: one engine, or a list of them (one decoding thread each). An engine has
+            `add(texts, keys)`, `step() → [(key, translation)]` of the rows that ended (up to
+            `steps_per_call` tokens per row), `steps` and `row_steps` (counters of steps and
+            rows over them), `active` (rows being decoded), `reset()` (drop every row) and
             `translate(texts)` (warm-up).
-        max_batch, max_wait_ms, max_queue: as in `DynamicBatcher`; `max_batch` bounds the rows.
+        max_batch, max_wait_ms, max_queue: as in `DynamicBatcher`; `max_batch` bounds each engine's rows.
     """
 
     mode = "step"
 
-    def __init__(self, engine, max_batch: int = 32, max_wait_ms: float = 5.0, max_queue: int = 1024):
-        super().__init__(engine.translate, max_batch, max_wait_ms, max_queue)
-        self._engine = engine
+    def __init__(self, engines, max_batch: int = 32, max_wait_ms: float = 5.0, max_queue: int = 1024):
+        engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        if not engines:
+            raise ValueError("StepBatcher needs at least one engine")
+        super().__init__(engines[0].translate, max_batch, max_wait_ms, max_queue, streams=len(engines))
+        self._engines = engines
+        self._rows_in = [0] * len(engines)  # rows in each engine (under `_cond`), to share the waiting ones
         self._keys = 0  # the next row's key
         self.join_every = JOIN_EVERY_STEPS
         self.stats.update(steps=0, row_steps=0)
 
     def _run(self, warmup: list) -> None:
-        try:
-            if warmup:
-                self._engine.translate(warmup)
-        except Exception as err:  # the server reports it on /health
-            self.warmup_error = err
-            self._engine.reset()
+        for engine in self._engines:
+            try:
+                if warmup:
+                    engine.translate(warmup)
+            except Exception as err:  # the server reports it on /health
+                self.warmup_error = err
+                engine.reset()
+        for k in range(1, len(self._engines)):
+            self._threads.append(threading.Thread(target=self._drive, args=(k,), name=f"decoder-{k}", daemon=True))
+            self._threads[-1].start()
         self.ready.set()
+        self._drive(0)
+
+    def _take(self, k: int, busy: int, room: int) -> list[tuple[_Job, int]]:
+        """The waiting sentences engine `k` (holding `busy` rows) takes now, at most `room`."""
+        if len(self._engines) > 1:
+            with self._cond:
+                total = len(self._pool) + sum(self._rows_in) - self._rows_in[k] + busy
+            room = max(0, min(room, -(-total // len(self._engines)) - busy))
+        joining, self._pool = self._pool[:room], self._pool[room:]
+        with self._cond:
+            self._rows_in[k] = busy + len(joining)
+        return joining
+
+    def _drive(self, k: int) -> None:
+        """Engine `k`'s thread: join, step, answer, until stopped with nothing left."""
+        engine = self._engines[k]
         rows: dict = {}  # key → (job, index) of every sentence in the engine
         since_join = 0  # steps since sentences last joined
-        while self._gather(busy=len(rows)):
-            since_join += self._engine.steps_per_call
-            room = self.max_batch - len(rows) if not rows or since_join >= self.join_every else 0
-            since_join = 0 if room and self._pool else since_join
-            joining, self._pool = self._pool[:room], self._pool[room:]
+        while True:
+            since_join += engine.steps_per_call
+            joining = []
+            # An engine with rows does not wait for another thread's gathering: it steps meanwhile.
+            if self._planning.acquire(blocking=not rows):
+                try:
+                    if not self._gather(busy=len(rows)):
+                        return
+                    if not rows or since_join >= self.join_every:
+                        joining = self._take(k, len(rows), self.max_batch - len(rows))
+                        keys = list(range(self._keys, self._keys + len(joining)))  # unique: one planner at a time
+                        self._keys += len(joining)
+                finally:
+                    self._planning.release()
+            since_join = 0 if joining else since_join
             started = time.perf_counter()
             try:
                 if joining:
-                    keys = list(range(self._keys, self._keys + len(joining)))
-                    self._keys += len(joining)
-                    self._engine.add([job.texts[i] for job, i in joining], keys)
+                    engine.add([job.texts[i] for job, i in joining], keys)
                     rows.update(zip(keys, joining))
                     with self._cond:
                         self.stats["batches"] += 1
-                steps, row_steps = self._engine.steps, self._engine.row_steps
-                finished = self._engine.step() if rows else []
+                steps, row_steps = engine.steps, engine.row_steps
+                finished = engine.step() if rows else []
             except Exception as err:  # every sentence in the engine gets the error (HTTP 500)
-                self._engine.reset()
+                engine.reset()
                 failed = list(rows.values()) + [item for item in joining if item not in rows.values()]
                 rows.clear()
+                with self._cond:
+                    self._rows_in[k] = 0
                 self._answer(failed, [], err)
                 continue
+            answered = [rows.pop(key) for key, _ in finished]
             with self._cond:
+                self._rows_in[k] = len(rows)
                 self.stats["decode_s"] += time.perf_counter() - started
-                self.stats["steps"] += self._engine.steps - steps
-                self.stats["row_steps"] += self._engine.row_steps - row_steps
+                self.stats["steps"] += engine.steps - steps
+                self.stats["row_steps"] += engine.row_steps - row_steps
             if finished:
-                self._answer([rows.pop(key) for key, _ in finished], [text for _, text in finished])
+                self._answer(answered, [text for _, text in finished])

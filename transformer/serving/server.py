@@ -11,7 +11,6 @@ request already accepted finish (its batch is decoded), then returns: the proces
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import signal
@@ -56,7 +55,7 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
     steppable = translator.manifest.get("decode", {}) if exported else translator.config.to_dict()
     engine = None
     if steppable.get("beam_size", 1) == 1 and not steppable.get("jit_compile", False):
-        engine = functools.partial(_continuous_decoder, translator)
+        engine = _continuous_decoders(translator)
     if isinstance(translator, ExportedTranslator):
         manifest = translator.manifest
         dtypes = sorted({v.dtype.name for v in translator.serving.variables if v.dtype.is_floating})
@@ -76,14 +75,20 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
     return ServedModel(translator.translate, info, engine)
 
 
-def _continuous_decoder(translator):
-    """A `ContinuousDecoder` over `translator` (a `Translator`, or an export's rebuilt weights)."""
-    from transformer.inference.export import ExportedTranslator
-    from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
+def _continuous_decoders(translator) -> Callable[[], object]:
+    """A maker of `ContinuousDecoder`s over `translator` (a `Translator`, or an export whose weights
+    are rebuilt into one once, shared by every decoder it makes)."""
+    steppable = []
 
-    if isinstance(translator, ExportedTranslator):
-        translator = translator_from_saved(translator.module, translator.manifest)
-    return ContinuousDecoder(translator)
+    def make():
+        from transformer.inference.export import ExportedTranslator
+        from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
+
+        if not steppable:
+            steppable.append(translator_from_saved(translator.module, translator.manifest)
+                             if isinstance(translator, ExportedTranslator) else translator)
+        return ContinuousDecoder(steppable[0])
+    return make
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ class BatchingConfig:
     mode "step": sentences join and leave a running decode between steps (`StepBatcher`; greedy
     models without XLA, others fall back to "run"); "run": length-sorted runs of the waiting
     sentences, each decoded to its end in one translator call (`DynamicBatcher`).
-    streams: translator calls at once with "run" (None: `DEFAULT_DECODER_STREAMS`); "step" has one.
+    streams: translator calls at once with "run" (None: `DEFAULT_DECODER_STREAMS`); with "step",
+    running batches, one thread each (None: 1).
     """
 
     max_batch: Optional[int] = None
@@ -118,21 +124,19 @@ class BatchingConfig:
         """TensorFlow's pools for serving `path` (`runtime.threads.decoding_threads`; set them before loading).
 
         Run batching: one loop per decoder call or per stream of the export, whichever is more, so
-        kernels run inline (intra-op 1 on 2 cores) and the calls fill the cores. Step batching
-        drives one batch on one thread: TensorFlow's defaults, its ops split over the cores.
+        kernels run inline (intra-op 1 on 2 cores) and the calls fill the cores. Step batching: one
+        loop per running batch (one batch: TensorFlow's defaults, its ops split over the cores).
         """
         from transformer.inference.export import decode_config_of
 
-        loops = 1 if self.mode == "step" else max(self.planned_streams(), decode_config_of(path, decode).streams)
+        loops = self.planned_streams() if self.mode == "step" else max(self.planned_streams(),
+                                                                        decode_config_of(path, decode).streams)
         return decoding_threads(loops, intra_op=intra_op, inter_op=inter_op)
 
     def resolve(self, model: ServedModel) -> "BatchingConfig":
         """This config with `max_batch` (the model's chunk_size where None), `mode` (run where the
         model has no step engine) and `streams` set."""
         mode = self.mode if model.engine is not None else "run"
-        if mode == "step" and (self.streams or 1) > 1:
-            raise ValueError(f"{self.streams} decoder streams: step-level batching decodes on one thread "
-                             "(use run batching)")
         return replace(self, mode=mode, streams=replace(self, mode=mode).planned_streams(),
                        max_batch=self.max_batch or int(model.info.get("decode", {}).get("chunk_size")
                                                        or DEFAULT_MAX_BATCH))
@@ -160,7 +164,8 @@ def make_app(model: ServedModel, batching: BatchingConfig = BatchingConfig(), li
     """(Starlette app, its DynamicBatcher) for `model`."""
     batching = batching.resolve(model)
     if batching.mode == "step":
-        batcher = StepBatcher(model.engine(), batching.max_batch, batching.max_wait_ms, batching.max_queue)
+        batcher = StepBatcher([model.engine() for _ in range(batching.streams)], batching.max_batch,
+                              batching.max_wait_ms, batching.max_queue)
     else:
         batcher = DynamicBatcher(model.translate, batching.max_batch, batching.max_wait_ms, batching.max_queue,
                                  batching.streams)
