@@ -176,7 +176,7 @@ class CountingEngine:
 
 def test_sentences_join_a_running_decode_between_steps_and_leave_when_they_end():
     engine = CountingEngine()
-    batcher = StepBatcher(engine, max_batch=3, max_wait_ms=0)
+    batcher = StepBatcher([engine], max_batch=3, max_wait_ms=0)
     batcher.join_every = 1  # waiting sentences join at every step
     batcher.start().ready.wait()
     engine.gate.clear()  # hold the first step until the others have queued
@@ -202,7 +202,7 @@ def test_sentences_join_a_running_decode_between_steps_and_leave_when_they_end()
 
 
 def test_a_failing_step_fails_the_requests_in_the_engine_and_the_batcher_keeps_serving():
-    batcher = StepBatcher(CountingEngine(fail_on="boom"), max_batch=8, max_wait_ms=0).start()
+    batcher = StepBatcher([CountingEngine(fail_on="boom")], max_batch=8, max_wait_ms=0).start()
     batcher.ready.wait()
 
     async def clients():

@@ -368,7 +368,7 @@ class StepBatcher(DynamicBatcher):
     steps and joins at a later turn).
 
     Args:
-        engines: one engine, or a list of them (one decoding thread each). An engine has
+        engines: the engines, one decoding thread each. An engine has
             `add(texts, keys)`, `step() → [(key, translation)]` of the rows that ended (up to
             `steps_per_call` tokens per row), `steps` and `row_steps` (counters of steps and
             rows over them), `active` (rows being decoded), `reset()` (drop every row) and
@@ -378,13 +378,14 @@ class StepBatcher(DynamicBatcher):
 
     mode = "step"
 
-    def __init__(self, engines, max_batch: int = 32, max_wait_ms: float = 5.0, max_queue: int = 1024):
-        engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+    def __init__(self, engines: Sequence, max_batch: int = 32, max_wait_ms: float = 5.0, max_queue: int = 1024):
         if not engines:
             raise ValueError("StepBatcher needs at least one engine")
         super().__init__(engines[0].translate, max_batch, max_wait_ms, max_queue, streams=len(engines))
-        self._engines = engines
-        self._rows_in = [0] * len(engines)  # rows in each engine (under `_cond`), to share the waiting ones
+        self._engines = list(engines)
+        # Per engine: key → (job, index) of every sentence in it. Written by its own thread, under
+        # `_planning` when sentences join; the others read their sizes to share the waiting ones.
+        self._rows: list[dict] = [{} for _ in engines]
         self._keys = 0  # the next row's key
         self.join_every = JOIN_EVERY_STEPS
         self.stats.update(steps=0, row_steps=0)
@@ -403,21 +404,23 @@ class StepBatcher(DynamicBatcher):
         self.ready.set()
         self._drive(0)
 
-    def _take(self, k: int, busy: int, room: int) -> list[tuple[_Job, int]]:
-        """The waiting sentences engine `k` (holding `busy` rows) takes now, at most `room`."""
+    def _take(self, k: int) -> tuple[list[tuple[_Job, int]], list[int]]:
+        """(sentences, keys) engine `k` takes now (under `_planning`), registered in its rows: at most
+        `max_batch` rows in all, and its share of every engine's rows and the waiting ones."""
+        rows = self._rows[k]
+        room = self.max_batch - len(rows)
         if len(self._engines) > 1:
-            with self._cond:
-                total = len(self._pool) + sum(self._rows_in) - self._rows_in[k] + busy
-            room = max(0, min(room, -(-total // len(self._engines)) - busy))
+            total = len(self._pool) + sum(len(r) for r in self._rows)
+            room = max(0, min(room, -(-total // len(self._engines)) - len(rows)))
         joining, self._pool = self._pool[:room], self._pool[room:]
-        with self._cond:
-            self._rows_in[k] = busy + len(joining)
-        return joining
+        keys = list(range(self._keys, self._keys + len(joining)))  # unique: one planner at a time
+        self._keys += len(joining)
+        rows.update(zip(keys, joining))
+        return joining, keys
 
     def _drive(self, k: int) -> None:
         """Engine `k`'s thread: join, step, answer, until stopped with nothing left."""
-        engine = self._engines[k]
-        rows: dict = {}  # key → (job, index) of every sentence in the engine
+        engine, rows = self._engines[k], self._rows[k]
         since_join = 0  # steps since sentences last joined
         while True:
             since_join += engine.steps_per_call
@@ -428,9 +431,7 @@ class StepBatcher(DynamicBatcher):
                     if not self._gather(busy=len(rows)):
                         return
                     if not rows or since_join >= self.join_every:
-                        joining = self._take(k, len(rows), self.max_batch - len(rows))
-                        keys = list(range(self._keys, self._keys + len(joining)))  # unique: one planner at a time
-                        self._keys += len(joining)
+                        joining, keys = self._take(k)
                 finally:
                     self._planning.release()
             since_join = 0 if joining else since_join
@@ -438,22 +439,18 @@ class StepBatcher(DynamicBatcher):
             try:
                 if joining:
                     engine.add([job.texts[i] for job, i in joining], keys)
-                    rows.update(zip(keys, joining))
                     with self._cond:
                         self.stats["batches"] += 1
                 steps, row_steps = engine.steps, engine.row_steps
                 finished = engine.step() if rows else []
             except Exception as err:  # every sentence in the engine gets the error (HTTP 500)
                 engine.reset()
-                failed = list(rows.values()) + [item for item in joining if item not in rows.values()]
+                failed = list(rows.values())  # the joining ones too
                 rows.clear()
-                with self._cond:
-                    self._rows_in[k] = 0
                 self._answer(failed, [], err)
                 continue
             answered = [rows.pop(key) for key, _ in finished]
             with self._cond:
-                self._rows_in[k] = len(rows)
                 self.stats["decode_s"] += time.perf_counter() - started
                 self.stats["steps"] += engine.steps - steps
                 self.stats["row_steps"] += engine.row_steps - row_steps

@@ -11,6 +11,7 @@ request already accepted finish (its batch is decoded), then returns: the proces
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -78,17 +79,16 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
 def _continuous_decoders(translator) -> Callable[[], object]:
     """A maker of `ContinuousDecoder`s over `translator` (a `Translator`, or an export whose weights
     are rebuilt into one once, shared by every decoder it makes)."""
-    steppable = []
+    from transformer.inference.export import ExportedTranslator
+    from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
 
-    def make():
-        from transformer.inference.export import ExportedTranslator
-        from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
+    @functools.cache
+    def steppable():
+        if isinstance(translator, ExportedTranslator):
+            return translator_from_saved(translator.module, translator.manifest)
+        return translator
 
-        if not steppable:
-            steppable.append(translator_from_saved(translator.module, translator.manifest)
-                             if isinstance(translator, ExportedTranslator) else translator)
-        return ContinuousDecoder(steppable[0])
-    return make
+    return lambda: ContinuousDecoder(steppable())
 
 
 @dataclass(frozen=True)
