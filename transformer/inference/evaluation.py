@@ -145,8 +145,7 @@ def tutorial_translate_fn(translator) -> TranslateFn:
     def translate_one(sentence):
         src, has_tokens = translator.source_ids(sentence[tf.newaxis])
         ids = decoding.uncached_greedy_decode(translator.model, tf.cast(src.to_tensor(), tf.int32), max_steps)
-        text = translator.detokenize(ids)[0]
-        return tf.where(has_tokens[0], text, ""), tf.where(has_tokens[0], tf.shape(ids)[1], 0)
+        return translator.texts(ids, has_tokens)[0], tf.where(has_tokens[0], tf.shape(ids)[1], 0)
 
     cut = tf.function(translator.pieces, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
 

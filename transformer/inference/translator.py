@@ -208,7 +208,7 @@ class Translator(tf.Module):
         ids = result.ids
         lengths = tf.where(has_tokens, result.lengths, 0)
         ids = tf.where(tf.range(tf.shape(ids)[1])[tf.newaxis] < lengths[:, tf.newaxis], ids, PAD_ID)
-        translations = tf.where(has_tokens, self.detokenize(ids), "")
+        translations = self.texts(ids, has_tokens)
         return {
             "rows": rows,
             "line_translations": segmenting.join_pieces(translations, rows, tf.shape(sentences)[0]),
@@ -245,7 +245,7 @@ class Translator(tf.Module):
         # Detokenizing inside a loop would serialise the loops: the tokenizer's table export is a
         # resource write for TensorFlow's automatic control dependencies.
         n = tf.shape(sentences)[0]
-        return {"translations": segmenting.join_pieces(tf.where(has_tokens, self.detokenize(ids), ""), rows, n),
+        return {"translations": segmenting.join_pieces(self.texts(ids, has_tokens), rows, n),
                 "num_tokens": segmenting.sum_pieces(tf.where(has_tokens, num_tokens, 0), rows, n)}
 
     def _decode_stream(self, src, order, first: int):
@@ -316,3 +316,8 @@ class Translator(tf.Module):
     def detokenize(self, ids):
         """`[B, T]` int32 ids → `[B]` tf.string (reserved tokens dropped)."""
         return self.tokenizers.tgt.detokenize(tf.cast(ids, tf.int64))
+
+    def texts(self, ids, has_tokens):
+        """`[B, T]` int32 ids, `[B]` bool → `[B]` tf.string: the detokenized ids, "" where the source had
+        no token besides [START]/[END] (an empty line translates to "", not to what the model says)."""
+        return tf.where(has_tokens, self.detokenize(ids), "")
