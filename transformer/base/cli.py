@@ -45,6 +45,7 @@ from transformer.base.constants import (
     ONEDNN_CHOICES,
     PIPELINE_KINDS,
     PRECISIONS,
+    SHARED_CORPUS_DIR,
     STRATEGIES,
     TIE_EMBEDDINGS,
     TOKENIZER_ALGORITHMS,
@@ -571,6 +572,40 @@ def add_checkpoint_arg(parser) -> None:
                         help="for a run directory: latest (default), best (by validation BLEU), averaged "
                              "(scripts/average_checkpoints.py), ema (the moving average of a run trained with "
                              "--ema-decay) or a checkpoint prefix")
+
+
+def add_run_split_args(parser) -> None:
+    """Adds --run, --checkpoint, --data and --split: a run's weights and the split they are measured on."""
+    parser.add_argument("--run", required=True, help="training run directory")
+    add_checkpoint_arg(parser)
+    parser.add_argument("--data", default=str(SHARED_CORPUS_DIR),
+                        help=f"directory with {{split}}.pt/.en (default {SHARED_CORPUS_DIR})")
+    parser.add_argument("--split", default="validation", help="split name (default validation)")
+
+
+def add_batching_args(parser) -> None:
+    """Adds the server's batching flags (transformer-serve and its load benchmark):
+    --max-batch, --max-wait-ms, --batching, --decoder-streams."""
+    parser.add_argument("--max-batch", type=int,
+                        help="most sentences per decoder call (default the model's chunk_size, as offline)")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0,
+                        help="longest a request waits for others to join its batch (default 5)")
+    parser.add_argument("--batching", choices=("step", "run"), default="run",
+                        help="step: sentences join and leave a running decode between steps (greedy without XLA; "
+                             "else run); run: length-sorted runs, each decoded to its end (default run)")
+    parser.add_argument("--decoder-streams", type=int,
+                        help="with run batching, decoder calls running at once (default 2); with step "
+                             "batching, running batches, one thread each (default 1)")
+
+
+def check_batching_args(args) -> None:
+    """ConfigError naming the flag when a flag of `add_batching_args` is out of range."""
+    for flag in ("max_batch", "decoder_streams"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+    if args.max_wait_ms < 0:
+        raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
 
 
 def decode_config_from_args(args) -> DecodeConfig:

@@ -33,11 +33,9 @@ from pathlib import Path
 
 from transformer.base import cli
 from transformer.base.config import DecodeConfig
-from transformer.base.constants import SHARED_CORPUS_DIR
 from transformer.base.errors import ConfigError, command
 from transformer.runtime.onednn import configure_onednn
 
-DEFAULT_DATA = SHARED_CORPUS_DIR
 ONEDNN_STATE = {True: "on", False: "off", None: "unknown"}  # runtime.onednn.onednn_enabled()
 OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "export-bf16-xla", "export-beam4",
         "export-bf16-beam4")
@@ -46,10 +44,7 @@ OURS = ("export", "in-memory", "export-xla", "export-no-xla", "export-bf16", "ex
 @command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="training run directory")
-    cli.add_checkpoint_arg(parser)
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help=f"directory with {{split}}.pt/.en (default {DEFAULT_DATA})")
-    parser.add_argument("--split", default="validation")
+    cli.add_run_split_args(parser)
     parser.add_argument("--limit", type=int, help="use only the first N sentences for the cached side")
     parser.add_argument("--baseline-sentences", type=int, default=50,
                         help="sentences translated by the slow batch-1 uncached loop (default 50)")

@@ -39,14 +39,7 @@ def main(argv=None) -> int:
                         help="rounds of offline + every level, back to back; medians reported (default 1)")
     parser.add_argument("--sentences", default=str(SHARED_CORPUS_DIR / "validation.pt"),
                         help="the sentences requests draw from, one per line (default the shared corpus' validation.pt)")
-    parser.add_argument("--max-batch", type=int, help="the server's --max-batch (default the model's chunk_size)")
-    parser.add_argument("--batching", choices=("step", "run"), default="run",
-                        help="step: sentences join and leave a running decode between steps (greedy without XLA; "
-                             "else run); run: length-sorted runs, each decoded to its end (default run)")
-    parser.add_argument("--decoder-streams", type=int,
-                        help="with run batching, decoder calls running at once (default 2); with step "
-                             "batching, running batches, one thread each (default 1)")
-    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
+    cli.add_batching_args(parser)
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)
     args = parser.parse_args(argv)
@@ -56,12 +49,7 @@ def main(argv=None) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     if min(args.concurrency) <= 0:
         raise ConfigError(f"--concurrency must be > 0, got {min(args.concurrency)}")
-    if args.max_batch is not None and args.max_batch <= 0:
-        raise ConfigError(f"--max-batch must be > 0, got {args.max_batch}")
-    if args.decoder_streams is not None and args.decoder_streams <= 0:
-        raise ConfigError(f"--decoder-streams must be > 0, got {args.decoder_streams}")
-    if args.max_wait_ms < 0:
-        raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    cli.check_batching_args(args)
     cli.start()
     configure_onednn(args.onednn, cli.model_dtype(args.model))  # before TensorFlow loads
     sentences = _sentences(args.sentences)

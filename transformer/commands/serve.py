@@ -19,9 +19,8 @@ from transformer.base import cli
 from transformer.base.errors import ConfigError, command
 from transformer.runtime.onednn import configure_onednn
 
-POSITIVE = {"max_batch": "--max-batch", "max_queue": "--max-queue", "max_texts": "--max-texts",
-            "max_chars": "--max-chars", "max_body_bytes": "--max-body-bytes", "timeout": "--timeout",
-            "decoder_streams": "--decoder-streams"}
+POSITIVE = {"max_queue": "--max-queue", "max_texts": "--max-texts", "max_chars": "--max-chars",
+            "max_body_bytes": "--max-body-bytes", "timeout": "--timeout"}
 
 
 @command
@@ -32,16 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     cli.add_checkpoint_arg(parser)
     group = parser.add_argument_group("batching and limits")
-    group.add_argument("--max-batch", type=int,
-                       help="most sentences per decoder call (default the model's chunk_size, as offline)")
-    group.add_argument("--max-wait-ms", type=float, default=5.0,
-                       help="longest a request waits for others to join its batch (default 5)")
-    group.add_argument("--batching", choices=("step", "run"), default="run",
-                        help="step: sentences join and leave a running decode between steps (greedy without XLA; "
-                             "else run); run: length-sorted runs, each decoded to its end (default run)")
-    group.add_argument("--decoder-streams", type=int,
-                        help="with run batching, decoder calls running at once (default 2); with step "
-                             "batching, running batches, one thread each (default 1)")
+    cli.add_batching_args(group)
     group.add_argument("--max-queue", type=int, default=1024,
                        help="most sentences waiting; beyond it 503 with Retry-After (default 1024)")
     group.add_argument("--max-texts", type=int, default=64, help="most texts per request (default 64; more: 413)")
@@ -55,8 +45,7 @@ def main(argv=None) -> int:
     for name, flag in POSITIVE.items():
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise ConfigError(f"{flag} must be > 0, got {getattr(args, name)}")
-    if args.max_wait_ms < 0:
-        raise ConfigError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    cli.check_batching_args(args)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
     if args.max_texts > args.max_queue:

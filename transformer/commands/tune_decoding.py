@@ -22,19 +22,13 @@ from pathlib import Path
 
 from transformer.base import cli
 from transformer.base.config import DecodeConfig
-from transformer.base.constants import SHARED_CORPUS_DIR
 from transformer.base.errors import command
-
-DEFAULT_DATA = SHARED_CORPUS_DIR
 
 
 @command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="training run directory")
-    cli.add_checkpoint_arg(parser)
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help=f"directory with {{split}}.pt/.en (default {DEFAULT_DATA})")
-    parser.add_argument("--split", default="validation")
+    cli.add_run_split_args(parser)
     parser.add_argument("--limit", type=int, help="use only the first N pairs")
     parser.add_argument("--beams", type=int, nargs="+", default=[4], help="beam sizes (> 1) to compare with greedy")
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.6, 1.0], help="length-penalty grid")

@@ -52,11 +52,6 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
 
     translator = open_translator(path, decode, checkpoint)
     path = Path(path)
-    exported = isinstance(translator, ExportedTranslator)
-    steppable = translator.manifest.get("decode", {}) if exported else translator.config.to_dict()
-    engine = None
-    if steppable.get("beam_size", 1) == 1 and not steppable.get("jit_compile", False):
-        engine = _continuous_decoders(translator)
     if isinstance(translator, ExportedTranslator):
         manifest = translator.manifest
         dtypes = sorted({v.dtype.name for v in translator.serving.variables if v.dtype.is_floating})
@@ -70,6 +65,9 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
                 "model_config": {k: getattr(config, k) for k in config.__dataclass_fields__},
                 "decode": translator.config.to_dict(), "created": created,
                 "precision": translator.model.dtype_policy.name}
+    decoding = info["decode"]  # what the model decodes with: the export's own settings, or the flags'
+    steppable = decoding.get("beam_size", 1) == 1 and not decoding.get("jit_compile", False)
+    engine = _continuous_decoders(translator) if steppable else None
     model_config = info["model_config"]
     info = {"name": path.resolve().name, "path": str(path.resolve()), **info,
             "vocabulary": {"source": model_config.get("src_vocab_size"), "target": model_config.get("tgt_vocab_size")}}
