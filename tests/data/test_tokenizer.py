@@ -72,6 +72,80 @@ def test_detokenize_drops_reserved_tokens(bible_tokenizers):
     assert tgt.detokenize(padded).numpy()[0].decode() == "and god said."
 
 
+SPACED_AS_WRITTEN = [  # (words as the model emits them, space-separated) → the sentence as English writes it
+    ('God said , " Let there be light , " and there was light .', 'God said, "Let there be light," and there was light.'),
+    ('" I am a stranger . "', '"I am a stranger."'),
+    ("the way . \" He said , \" You said , ' Go . ' \"", "the way.\" He said, \"You said, 'Go.'\""),
+    ('He said : " Go ! " They went', 'He said: "Go!" They went'),
+    ("\" ' Will I ? ' \"", "\"'Will I?'\""),
+    ("the Lord ' s house ; don ' t fear your fathers ' houses", "the Lord's house; don't fear your fathers' houses"),
+    ("seventy - seven times , his daughter - in - law , a - b - c", "seventy-seven times, his daughter-in-law, a-b-c"),
+    ("( see the book ) [ of Jashar ]", "(see the book) [of Jashar]"),
+    ('José disse , " Éramos doze . "', 'José disse, "Éramos doze."'),
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize("spaced,written", SPACED_AS_WRITTEN)
+def test_words_are_spaced_as_english_writes_them(spaced, written):
+    assert tokenizer_module._join_words([spaced]).numpy()[0].decode() == written
+    # lower-cased words: no capital tells an opening quote, a letter after `,` `:` `(` does
+    lowered = tokenizer_module._join_words([spaced.lower()], lower_case=True).numpy()[0].decode()
+    assert lowered == written.lower()
+
+
+def test_references_detokenize_to_themselves(bible_tokenizers):
+    """Tokenized and detokenized, the English sentences come back as written (lower-cased,
+    accents stripped: the session tokenizers' normalisation), quotes and hyphens included."""
+    tgt = bible_tokenizers.tokenizers.tgt
+    texts = [lower_strip_accents(text) for text in sentences(bible_tokenizers, 1, 1500)]
+    ids = tgt.tokenize(texts)
+    known = [i for i, row in enumerate(ids.to_list()) if UNK_ID not in row]  # an [UNK] cannot come back
+    back = [b.decode() for b in tgt.detokenize(ids).numpy()]
+    with_quote = [i for i in known if '"' in texts[i] or "'" in texts[i]]
+    assert len(known) > 100 and len(with_quote) > 30
+    assert sum(back[i] == texts[i] for i in known) >= 0.95 * len(known)  # 0.57 with the rules before
+    assert sum(back[i] == texts[i] for i in with_quote) >= 0.85 * len(with_quote)  # 0.19 before
+
+
+def test_tokenizers_saved_with_older_spacing_rules_load_with_todays(bible_tokenizers, tmp_path, monkeypatch):
+    """A run's tokenizers saved before `JOIN_RULES` 2 hold the old spacing in their graph:
+    loaded, they tokenize with that graph (the same ids) and detokenize by today's rules, also
+    once saved again (as inside an export) and reloaded."""
+    import tensorflow as tf
+
+    def rules_before(text, lower_case=False):  # the spacing of `JOIN_RULES` 1
+        text = tf.strings.regex_replace(text, r" ([.,;:!?)\]}])", r"\1")
+        text = tf.strings.regex_replace(text, r"([(\[{]) ", r"\1")
+        return tf.strings.regex_replace(text, r"(\w) ' (\w)", r"\1'\2")
+
+    directory = bible_tokenizers.directory
+    with monkeypatch.context() as patch:
+        patch.setattr(tokenizer_module, "_join_words", rules_before)
+        old = tokenizer_module.PairTokenizers(str(directory / "src_vocab.txt"), str(directory / "tgt_vocab.txt"),
+                                              bible_tokenizers.config.lower_case)
+        tf.saved_model.save(old, str(tmp_path / "old"))
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["join_rules"] == tokenizer_module.JOIN_RULES
+    del manifest["join_rules"]
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    for name in ("src_vocab.txt", "tgt_vocab.txt"):
+        (tmp_path / "old" / name).write_text((directory / name).read_text())
+
+    text = 'and god said, "let there be light," and there was light.'
+    raw = tf.saved_model.load(str(tmp_path / "old"))
+    assert raw.tgt.detokenize(raw.tgt.tokenize([text])).numpy()[0].decode() != text  # the old spacing
+    loaded = load_tokenizers(tmp_path / "old")
+    assert isinstance(loaded, tokenizer_module.RejoinedPair)
+    ids = loaded.tgt.tokenize([text])
+    assert ids.to_list() == raw.tgt.tokenize([text]).to_list()
+    assert loaded.src.tokenize(["Olá, mundo."]).to_list() == raw.src.tokenize(["Olá, mundo."]).to_list()
+    assert loaded.tgt.detokenize(ids).numpy()[0].decode() == text
+    tf.saved_model.save(loaded, str(tmp_path / "again"))  # as inside an export: a SavedModel of its own
+    again = tf.saved_model.load(str(tmp_path / "again")).tgt
+    assert again.detokenize(again.tokenize([text])).numpy()[0].decode() == text
+
+
 def test_saved_model_reloads_in_a_fresh_process(bible_tokenizers, tmp_path):
     """Only tensorflow + tensorflow_text: the SavedModel must not need the `transformer` package."""
     tgt = bible_tokenizers.tokenizers.tgt
