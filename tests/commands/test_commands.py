@@ -147,3 +147,22 @@ def test_decoding_commands_set_onednn_before_tensorflow_loads(tmp_path):
                  for label in ("serve bf16 export", "translate bf16 export", "benchmark_decoding bf16 engine",
                                "benchmark_decoding bf16 profile")}
     assert results == expected
+
+
+def test_commands_hide_tensorflows_python_info_lines(tmp_path, caplog):
+    """`cli.start()` hides the INFO lines TensorFlow's Python side logs through absl, such as one
+    per checkpoint written ("Sharding callback duration"), and keeps the project's own."""
+    import logging
+
+    import tensorflow as tf
+
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    try:
+        cli.quiet_tensorflow()
+        with caplog.at_level(logging.INFO):
+            tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "ckpt"))
+            logging.getLogger("transformer.training.trainer").info("epoch 1: checkpoint")
+    finally:
+        absl_logger.setLevel(level)
+    assert [record.name for record in caplog.records] == ["transformer.training.trainer"]

@@ -60,9 +60,13 @@ GPU_GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"  # read by TensorFlow when it creat
 
 
 def quiet_tensorflow() -> None:
-    """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines)."""
+    """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines) and its Python
+    side's INFO lines; logs this project's INFO lines."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # TensorFlow's Python side logs through absl at INFO: a line per checkpoint ("Sharding
+    # callback duration") and the SavedModel writer's renamed inputs (thousands of characters).
+    logging.getLogger("absl").setLevel(logging.WARNING)
 
 
 # modules of transformer/commands/, each with main(argv)
