@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from transformer.base import startup_chatter
 from transformer.base.config import (
     AUTO,
     FINE_TUNE_MODEL_FIELDS,
@@ -63,6 +64,7 @@ def quiet_tensorflow() -> None:
     """Hides TensorFlow's C++ start-up chatter (CUDA probing on CPU machines) and its Python
     side's INFO lines; logs this project's INFO lines."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    startup_chatter.hide_on_import()  # what the variable cannot hide: the CUDA probe's lines
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # TensorFlow's Python side logs through absl at INFO: a line per checkpoint ("Sharding
     # callback duration") and the SavedModel writer's renamed inputs (thousands of characters).
