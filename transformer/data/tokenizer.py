@@ -286,8 +286,7 @@ class RejoinedWordPiece(LanguageTokenizer):
     def _segment(self, strings):
         return self.loaded.tokenize(strings)[:, 1:-1]  # [START]/[END] are added back by `tokenize`
 
-    def _text(self, token_ids):
-        return _wordpiece_text(lambda ids: tf.gather(self.vocab, ids), token_ids, self.lower_case)
+    _text = WordPieceTokenizer._text  # its vocabulary and case, today's rules
 
 
 class RejoinedPair(tf.Module):
