@@ -82,6 +82,9 @@ SPACED_AS_WRITTEN = [  # (words as the model emits them, space-separated) → th
     ("seventy - seven times , his daughter - in - law , a - b - c", "seventy-seven times, his daughter-in-law, a-b-c"),
     ("( see the book ) [ of Jashar ]", "(see the book) [of Jashar]"),
     ('José disse , " Éramos doze . "', 'José disse, "Éramos doze."'),
+    ("1 , 500 , 000 people paid $ 3 . 50 , 20 % more , at 10 : 30 ( John 3 : 16 )",
+     "1,500,000 people paid $3.50, 20% more, at 10:30 (John 3:16)"),
+    ("verses 1 , 2 , 3 and 12 , 40 - 42 ; 7 . The", "verses 1, 2, 3 and 12, 40-42; 7. The"),
     ("", ""),
 ]
 

@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 # How WordPiece words are spaced on detokenizing (`_join_words`), saved in manifest.json as
 # `join_rules` (absent: 1). 2: quotes open or close by their context, hyphens join words.
-JOIN_RULES = 2
+# 3: numbers keep their separators and signs (`1,500`, `3.5`, `3:16`, `$5`, `50%`).
+JOIN_RULES = 3
 _REQUIRED_FILES = ("saved_model.pb", "variables", "manifest.json", "src_vocab.txt", "tgt_vocab.txt")
 
 
@@ -72,7 +73,9 @@ def _join_words(text: tf.Tensor, lower_case: bool = False) -> tf.Tensor:
     sentences with natural punctuation spacing (the rules of `JOIN_RULES`).
 
     Contractions join both sides (`Lord ' s` → `Lord's`; `fathers ' houses` → `fathers'
-    houses`); a hyphen between letters or digits joins them; `.,;:!?)]}` and a closing quote
+    houses`); a hyphen between letters or digits joins them, and so do a `.` or `:` between
+    digits, a `,` before three of them (`1,500`, `3.5`, `3:16`; `1, 2, 3` stays), `$` the
+    number after and `%` the number before; `.,;:!?)]}` and a closing quote
     join the word before, `([{` and an opening quote the word after. A quote (`"` or `'`) is
     opening at the line's start, after another opening one, after `,` `:` `(` when a capital
     or a quote follows (`said, " Let` → `said, "Let`), or after a word when a capital
@@ -100,7 +103,10 @@ def _join_words(text: tf.Tensor, lower_case: bool = False) -> tf.Tensor:
     text = replace(replace(text, _OPEN_DOUBLE, '"'), _OPEN_SINGLE, "'")
     for _ in range(2):  # a match consumes the next word's first character: `a - b - c` needs two passes
         text = replace(text, r"([\pL\pN]) - ([\pL\pN])", r"\1-\2")
-    return text
+        text = replace(text, r"(\pN)([.:]) (\pN)", r"\1\2\3")  # `3. 5` → `3.5`, `3: 16` → `3:16`
+        text = replace(text, r"(\pN), (\pN\pN\pN)(\PN|$)", r"\1,\2\3")  # `1, 500, 000` → `1,500,000`
+    text = replace(text, r"\$ (\pN)", r"$\1")
+    return replace(text, r"(\pN) %", r"\1%")
 
 
 def _wordpiece_text(lookup, token_ids, lower_case: bool) -> tf.Tensor:
