@@ -151,18 +151,21 @@ def test_decoding_commands_set_onednn_before_tensorflow_loads(tmp_path):
 
 def test_commands_hide_tensorflows_python_info_lines(tmp_path, caplog):
     """`cli.start()` hides the INFO lines TensorFlow's Python side logs through absl, such as one
-    per checkpoint written ("Sharding callback duration"), and keeps the project's own."""
+    per checkpoint written ("Sharding callback duration"), and through its own logger (a
+    SavedModel's "Assets written to"), and keeps the project's own."""
     import logging
 
     import tensorflow as tf
 
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
+    loggers = [logging.getLogger(name) for name in ("absl", "tensorflow")]
+    levels = [logger.level for logger in loggers]
     try:
         cli.quiet_tensorflow()
         with caplog.at_level(logging.INFO):
             tf.train.Checkpoint(v=tf.Variable(1.0)).write(str(tmp_path / "ckpt"))
+            tf.saved_model.save(tf.Module(), str(tmp_path / "saved"))
             logging.getLogger("transformer.training.trainer").info("epoch 1: checkpoint")
     finally:
-        absl_logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     assert [record.name for record in caplog.records] == ["transformer.training.trainer"]

@@ -66,9 +66,11 @@ def quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     startup_chatter.hide_on_import()  # what the variable cannot hide: the CUDA probe's lines
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # TensorFlow's Python side logs through absl at INFO: a line per checkpoint ("Sharding
-    # callback duration") and the SavedModel writer's renamed inputs (thousands of characters).
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # TensorFlow's Python side logs at INFO, through absl (a line per checkpoint, "Sharding callback
+    # duration"; the SavedModel writer's renamed inputs, thousands of characters) and through its
+    # own logger (a SavedModel's "Assets written to: <the staging directory>").
+    for name in ("absl", "tensorflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 # modules of transformer/commands/, each with main(argv)
