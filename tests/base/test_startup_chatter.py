@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from transformer.base import cli
 from transformer.base.startup_chatter import filtered_stderr
 
@@ -16,14 +18,14 @@ CUINIT = (b"E0000 00:00:1795933402.474571    8544 cuda_platform.cc:52] failed ca
           b"Failed call to cuInit: UNKNOWN ERROR (303)\n")
 
 
-def written_to_fd2(tmp_path, *chunks: bytes, raise_inside: bool = False) -> bytes:
+def written_to_fd2(tmp_path, *chunks: bytes, raise_inside: bool = False, no_driver: bool = False) -> bytes:
     """What reaches file descriptor 2 when `chunks` are written there inside `filtered_stderr`."""
     target = tmp_path / "fd2"
     with open(target, "wb") as sink:
         saved = os.dup(2)
         os.dup2(sink.fileno(), 2)
         try:
-            with filtered_stderr():
+            with filtered_stderr(no_driver=no_driver):
                 for chunk in chunks:
                     os.write(2, chunk)
                 if raise_inside:
@@ -46,21 +48,32 @@ def test_a_failing_cuinit_stays_where_a_driver_is_installed(tmp_path):
     assert written_to_fd2(tmp_path, ABSL, CUINIT) == CUINIT
 
 
+def test_after_an_import_without_a_driver_the_first_listings_cuinit_line_goes(tmp_path):
+    other = b"E0000 00:00:1795933402.474571    8544 some_kernel.cc:12] an error a user should read\n"
+    assert written_to_fd2(tmp_path, CUINIT, other, no_driver=True) == other
+
+
 def test_what_was_written_comes_back_when_the_block_fails(tmp_path):
     assert written_to_fd2(tmp_path, b"Traceback (most recent call last):\n", NO_DRIVER, raise_inside=True) == (
         b"Traceback (most recent call last):\n")
 
 
-def test_a_command_importing_tensorflow_shows_no_cuda_probe():
-    """As a command starts (`cli.start()`), then imports TensorFlow and runs an op: on a machine
-    without an NVIDIA driver (CI's) the import's probe lines do not reach stderr."""
-    script = ("from transformer.base import cli\n"
+@pytest.mark.parametrize("first", ["an op", "a device listing"])
+def test_a_command_importing_tensorflow_shows_no_cuda_probe(first):
+    """As a command starts (`cli.start()`), then imports TensorFlow and runs an op or lists the
+    devices first: on a machine without an NVIDIA driver (CI's) neither the import's probe lines
+    nor the first listing's cuInit failure reach stderr, and what the command writes does."""
+    listing = "print(len(tf.config.list_physical_devices()))\n"
+    op = "print(int(tf.reduce_sum(tf.ones([3]))))\n"
+    script = ("import sys\n"
+              "from transformer.base import cli\n"
               "cli.start()\n"
               "import tensorflow as tf\n"
-              "print(int(tf.reduce_sum(tf.ones([3]))))\n")
+              + (op + listing if first == "an op" else listing + op)
+              + "print('the command says', file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", script], env=cli.subprocess_env(), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "3"
-    for line in (ABSL, NO_DRIVER):
+    assert "3" in done.stdout.split() and "the command says" in done.stderr
+    for line in (ABSL, NO_DRIVER, CUINIT):
         assert line.decode().split("]")[-1].strip()[:40] not in done.stderr, done.stderr

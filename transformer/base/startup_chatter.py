@@ -12,11 +12,14 @@ machine each command would start with
 while `tensorflow` is imported, then writes it back without those lines. Everything else
 written meanwhile (Python warnings, other TensorFlow lines, an import error) comes back.
 
-Left: `E0000 … failed call to cuInit: … UNKNOWN ERROR (303)`, written when TensorFlow first
-lists its devices. Listing them inside the import would hide it too, but then TensorFlow reads
-`TF_XLA_FLAGS` before the commands set it (the XLA program cache,
-tests/training/test_xla_shapes.py). `filtered_stderr` drops that line only after "Could not
-find cuda drivers" (no driver); where a driver fails it is the diagnosis.
+Then, when TensorFlow first lists its devices (its first op, or `tf.config.list_physical_devices`),
+it writes `E0000 … failed call to cuInit: … UNKNOWN ERROR (303)`. Listing them inside the import
+would be simpler, but TensorFlow would then read `TF_XLA_FLAGS` before the commands set it (the
+XLA program cache, tests/training/test_xla_shapes.py). So where the import said there is no
+driver, the first listing runs inside `filtered_stderr` too (`_hide_first_device_listing`): its
+two entry points in `pywrap_tfe` are wrapped until one of them has run. The cuInit line is
+dropped only where the import said "Could not find cuda drivers": where a driver fails, it is
+the diagnosis, and nothing is wrapped.
 """
 
 from __future__ import annotations
@@ -33,25 +36,58 @@ CHATTER = (b"All log messages before absl::InitializeLog() is called are written
 CUINIT_FAILED = b"failed call to cuInit"
 
 
+class Caught:
+    """What a `filtered_stderr` block saw: `no_driver` once it has ended."""
+
+    def __init__(self, no_driver: bool):
+        self.no_driver = no_driver
+
+
 @contextlib.contextmanager
-def filtered_stderr():
-    """Catches file descriptor 2 for the block, then writes back every line but the chatter above."""
+def filtered_stderr(no_driver: bool = False):
+    """Catches file descriptor 2 for the block, then writes back every line but the chatter above
+    (the cuInit failure too when the block, or before it the import (`no_driver`), said there is
+    no driver). Yields a `Caught`."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
+    caught = Caught(no_driver)
+    with tempfile.TemporaryFile() as written:
+        os.dup2(written.fileno(), 2)
         try:
-            yield
+            yield caught
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            caught.seek(0)
-            lines = caught.readlines()
-            no_driver = any(NO_DRIVER in line for line in lines)
+            written.seek(0)
+            lines = written.readlines()
+            caught.no_driver = no_driver or any(NO_DRIVER in line for line in lines)
             for line in lines:
-                if not any(text in line for text in CHATTER) and not (no_driver and CUINIT_FAILED in line):
+                if not any(text in line for text in CHATTER) and not (caught.no_driver and CUINIT_FAILED in line):
                     os.write(2, line)
+
+
+def _hide_first_device_listing() -> None:
+    """Runs TensorFlow's first device listing inside `filtered_stderr(no_driver=True)`: the eager
+    context's creation (`TFE_NewContext`, at the first op) or the physical devices' listing
+    (`TF_ListPhysicalDevices`), whichever comes first; then both are TensorFlow's own again."""
+    from tensorflow.python import pywrap_tfe
+
+    originals = {name: getattr(pywrap_tfe, name) for name in ("TFE_NewContext", "TF_ListPhysicalDevices")}
+
+    def restore() -> None:
+        for name, function in originals.items():
+            setattr(pywrap_tfe, name, function)
+
+    def quiet(name):
+        def call(*args, **kwargs):
+            restore()
+            with filtered_stderr(no_driver=True):
+                return originals[name](*args, **kwargs)
+        return call
+
+    for name in originals:
+        setattr(pywrap_tfe, name, quiet(name))
 
 
 class _QuietImport(importlib.abc.MetaPathFinder):
@@ -66,8 +102,10 @@ class _QuietImport(importlib.abc.MetaPathFinder):
             exec_module = spec.loader.exec_module
 
             def quiet_exec_module(module):
-                with filtered_stderr():
+                with filtered_stderr() as caught:
                     exec_module(module)
+                if caught.no_driver:
+                    _hide_first_device_listing()
 
             spec.loader.exec_module = quiet_exec_module
         return spec
