@@ -70,9 +70,12 @@ def filtered_stderr(no_driver: bool = False):
 def _hide_first_device_listing() -> None:
     """Runs TensorFlow's first device listing inside `filtered_stderr(no_driver=True)`: the eager
     context's creation (`TFE_NewContext`, at the first op) or the physical devices' listing
-    (`TF_ListPhysicalDevices`), whichever comes first; then both are TensorFlow's own again."""
-    from tensorflow.python import pywrap_tfe
-
+    (`TF_ListPhysicalDevices`), whichever comes first; then both are TensorFlow's own again.
+    Called once TensorFlow is imported (this layer imports no TensorFlow: it takes the module
+    the import loaded, and leaves TensorFlow as it is if there is none)."""
+    pywrap_tfe = sys.modules.get("tensorflow.python.pywrap_tfe")
+    if pywrap_tfe is None:
+        return
     originals = {name: getattr(pywrap_tfe, name) for name in ("TFE_NewContext", "TF_ListPhysicalDevices")}
 
     def restore() -> None:
