@@ -28,24 +28,30 @@ from transformer.base.config import AUTO, ModelConfig, RunConfig, TrainConfig
 from transformer.inference.rundir import CONFIG_FILE, build_model
 from transformer.model.optimizer import compile_model
 from transformer.model.schedule import batch_factor, resolve_lr_scaling, scale_for_batch
-from transformer.runtime.batch_size import BatchDecision, StepTimer, decide_max_tokens
+from transformer.runtime.batch_size import RECIPE_MAX_TOKENS, BatchDecision, StepTimer, decide_max_tokens
 
 log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 2  # untimed steps per budget (tracing / XLA compilation, autotuning)
 TIMED_STEPS = 3  # timed steps per budget; the fastest counts
+# `budget_tokens`: the length of its timed batches, and real target tokens per padded token of a
+# batch. Calibrated on README's runs (docs/recipes.md "Depth for the tokens a budget buys").
+PROBE_LENGTH = 32
+REAL_TOKEN_SHARE = 0.88
 
 
 def step_timer(model_config: ModelConfig, config: RunConfig, strategy: tf.distribute.Strategy,
-               warmup: int = WARMUP_STEPS, timed: int = TIMED_STEPS) -> tuple[StepTimer, callable]:
+               warmup: int = WARMUP_STEPS, timed: int = TIMED_STEPS,
+               length: Optional[int] = None) -> tuple[StepTimer, callable]:
     """(time_step, release): `time_step(max_tokens)` → seconds per train step of the real model.
 
     The model (built once, compiled like training: precision policy, XLA, FusedAdam) trains on
-    random ids `[max_tokens // max_length × replicas, max_length]` on both sides, the longest padded
-    length (the most memory per token). Out of memory raises `tf.errors.ResourceExhaustedError`.
-    `release()` drops the probe's model.
+    random ids `[max_tokens // length × replicas, length]` on both sides; `length` defaults to
+    `max_length`, the longest padded length (the most memory per token). Out of memory raises
+    `tf.errors.ResourceExhaustedError`. `release()` drops the probe's model.
     """
     state = {}
+    seq_len = length or model_config.max_length
 
     def model():
         if "model" not in state:
@@ -55,10 +61,9 @@ def step_timer(model_config: ModelConfig, config: RunConfig, strategy: tf.distri
         return state["model"]
 
     def time_step(max_tokens: int) -> float:
-        length = model_config.max_length
-        batch = max(1, max_tokens // length) * strategy.num_replicas_in_sync  # per replica → global, as training
-        src = tf.random.uniform([batch, length], 4, model_config.src_vocab_size, dtype=tf.int32)
-        tgt = tf.random.uniform([batch, length + 1], 4, model_config.tgt_vocab_size, dtype=tf.int32)
+        batch = max(1, max_tokens // seq_len) * strategy.num_replicas_in_sync  # per replica → global, as training
+        src = tf.random.uniform([batch, seq_len], 4, model_config.src_vocab_size, dtype=tf.int32)
+        tgt = tf.random.uniform([batch, seq_len + 1], 4, model_config.tgt_vocab_size, dtype=tf.int32)
         inputs, labels = (src, tgt[:, :-1]), tgt[:, 1:]
         probe_model = model()
         best = float("inf")
@@ -74,6 +79,23 @@ def step_timer(model_config: ModelConfig, config: RunConfig, strategy: tf.distri
         gc.collect()
 
     return time_step, release
+
+
+def budget_tokens(model_config: ModelConfig, config: RunConfig, strategy: tf.distribute.Strategy,
+                  budget_s: float) -> tuple[float, float]:
+    """(real target tokens a run of `model_config` would see in `budget_s` seconds of steps, s/step).
+
+    Times steps of `[max_tokens // PROBE_LENGTH, PROBE_LENGTH]` random ids (`step_timer`: 2
+    untimed, the fastest of 3; a few seconds plus building and tracing the model) and scales by
+    `REAL_TOKEN_SHARE`. `max_tokens` "auto" is the CPU recipe's. Draws random numbers: reseed after.
+    """
+    max_tokens = config.pipeline.max_tokens if isinstance(config.pipeline.max_tokens, int) else RECIPE_MAX_TOKENS
+    time_step, release = step_timer(model_config, config, strategy, length=PROBE_LENGTH)
+    try:
+        seconds = time_step(max_tokens)
+    finally:
+        release()
+    return budget_s / seconds * max_tokens * REAL_TOKEN_SHARE, seconds
 
 
 def _saved_config(run_dir: Path) -> Optional[RunConfig]:

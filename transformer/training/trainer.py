@@ -74,9 +74,9 @@ from transformer.runtime.xla_cache import enable_xla_cache, xla_cache_entries
 from transformer.runtime.xla_flags import XLA_FLAGS_ENV, enable_fast_gpu_compile
 from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
 from transformer.training.backup import StepBackupAndRestore, snapshots
-from transformer.training.batch_probe import resolve_batch
+from transformer.training.batch_probe import budget_tokens, resolve_batch
 from transformer.training.budget import TrainingClock
-from transformer.training.depth import resolve_depth
+from transformer.training.depth import DEEP_LAYERS, resolve_depth
 from transformer.training.gc_freeze import FreezeLongLived
 from transformer.training.init_from import InitSource, open_init_source
 from transformer.training.late_dropout import LateDropout, late_dropout_switch
@@ -194,6 +194,17 @@ def resolve_model_config(config: RunConfig, tokenizers, output_dir: Path, resumi
     )
 
 
+def _deep_model_tokens(config: RunConfig, tokenizers, run_dir: Path, strategy: tf.distribute.Strategy):
+    """`predict_tokens` for `resolve_depth`: times the `DEEP_LAYERS` model, then reseeds (the probe drew numbers)."""
+    def predict() -> float:
+        deep = resolve_model_config(config.replace(model={"num_layers": DEEP_LAYERS}), tokenizers, run_dir, False)
+        tokens, seconds = budget_tokens(deep, config, strategy, config.train.time_budget_minutes * 60)
+        log.info("depth probe: %d-layer step of %s tokens in %.3f s", DEEP_LAYERS, config.pipeline.max_tokens, seconds)
+        keras.utils.set_random_seed(config.train.seed)
+        return tokens
+    return predict
+
+
 def run_description(config: RunConfig, device: str = "", replicas: int = 1) -> dict:
     """The `run` section of the step-time report: what this run is, for comparisons."""
     pipeline = config.pipeline
@@ -300,9 +311,10 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
     if init is not None and config.model.num_layers == AUTO:  # the weights' depth
         config = config.replace(model={"num_layers": init.config.model.num_layers})
     elif init is None and not resuming:  # a resumed run keeps its saved depth
-        config, depth_line = resolve_depth(config, decision)
+        config, depth_line = resolve_depth(config, decision, _deep_model_tokens(config, tokenizers, run_dir, strategy))
         if depth_line:
             log.info("%s", depth_line)
+            report.run["depth_decision"] = depth_line
     model_config = resolve_model_config(config, tokenizers, run_dir, resuming)
     config = dataclasses.replace(config, model=model_config)
     if init is not None:
