@@ -95,7 +95,10 @@ def budget_tokens(model_config: ModelConfig, config: RunConfig, strategy: tf.dis
         seconds = time_step(max_tokens)
     finally:
         release()
-    return budget_s / seconds * max_tokens * REAL_TOKEN_SHARE, seconds
+    tokens = budget_s / seconds * max_tokens * REAL_TOKEN_SHARE
+    log.info("step probe: %d layers, %d × %d tokens per side, %.3f s per step → ~%.1f M real target tokens in %.0f s",
+             model_config.num_layers, max_tokens // PROBE_LENGTH, PROBE_LENGTH, seconds, tokens / 1e6, budget_s)
+    return tokens, seconds
 
 
 def _saved_config(run_dir: Path) -> Optional[RunConfig]:

@@ -198,8 +198,7 @@ def _deep_model_tokens(config: RunConfig, tokenizers, run_dir: Path, strategy: t
     """`predict_tokens` for `resolve_depth`: times the `DEEP_LAYERS` model, then reseeds (the probe drew numbers)."""
     def predict() -> float:
         deep = resolve_model_config(config.replace(model={"num_layers": DEEP_LAYERS}), tokenizers, run_dir, False)
-        tokens, seconds = budget_tokens(deep, config, strategy, config.train.time_budget_minutes * 60)
-        log.info("depth probe: %d-layer step of %s tokens in %.3f s", DEEP_LAYERS, config.pipeline.max_tokens, seconds)
+        tokens, _ = budget_tokens(deep, config, strategy, config.train.time_budget_minutes * 60)
         keras.utils.set_random_seed(config.train.seed)
         return tokens
     return predict
