@@ -82,8 +82,8 @@ def step_timer(model_config: ModelConfig, config: RunConfig, strategy: tf.distri
 
 
 def budget_tokens(model_config: ModelConfig, config: RunConfig, strategy: tf.distribute.Strategy,
-                  budget_s: float) -> tuple[float, float]:
-    """(real target tokens a run of `model_config` would see in `budget_s` seconds of steps, s/step).
+                  budget_s: float) -> float:
+    """Real target tokens a run of `model_config` would see in `budget_s` seconds of steps (logged with s/step).
 
     Times steps of `[max_tokens // PROBE_LENGTH, PROBE_LENGTH]` random ids (`step_timer`: 2
     untimed, the fastest of 3; a few seconds plus building and tracing the model) and scales by
@@ -98,7 +98,7 @@ def budget_tokens(model_config: ModelConfig, config: RunConfig, strategy: tf.dis
     tokens = budget_s / seconds * max_tokens * REAL_TOKEN_SHARE
     log.info("step probe: %d layers, %d × %d tokens per side, %.3f s per step → ~%.1f M real target tokens in %.0f s",
              model_config.num_layers, max_tokens // PROBE_LENGTH, PROBE_LENGTH, seconds, tokens / 1e6, budget_s)
-    return tokens, seconds
+    return tokens
 
 
 def _saved_config(run_dir: Path) -> Optional[RunConfig]:

@@ -198,7 +198,7 @@ def _deep_model_tokens(config: RunConfig, tokenizers, run_dir: Path, strategy: t
     """`predict_tokens` for `resolve_depth`: times the `DEEP_LAYERS` model, then reseeds (the probe drew numbers)."""
     def predict() -> float:
         deep = resolve_model_config(config.replace(model={"num_layers": DEEP_LAYERS}), tokenizers, run_dir, False)
-        tokens, _ = budget_tokens(deep, config, strategy, config.train.time_budget_minutes * 60)
+        tokens = budget_tokens(deep, config, strategy, config.train.time_budget_minutes * 60)
         keras.utils.set_random_seed(config.train.seed)
         return tokens
     return predict
