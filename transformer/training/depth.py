@@ -28,7 +28,8 @@ MEASURED = "30 minutes of README's command on a 2-core AMD EPYC Zen 3, mean of 2
 # Real target tokens a DEEP_LAYERS run would see in its budget, below which SHALLOW_LAYERS pays.
 # Measured (docs/recipes.md): 2 layers won at 3.1 M (Zen 3, float32) and 7.5 M (Zen 4, bfloat16) of
 # the 3-layer model's tokens, on the same machine; and 2 layers after 19 M tokens (60 minutes, Zen 4)
-# scored above 3 layers after 26 M (60 minutes, Zen 5). Above 26 M (a GPU) 3 layers stay: not measured.
+# scored above 3 layers after 26 M (60 minutes, Zen 5). The line sits just above 26 M; above it (a GPU,
+# a CPU over hours) 3 layers stay, not measured against 2.
 SHALLOW_BELOW_TOKENS = 30e6
 MEASURED_BF16 = ("30 minutes of README's command on a 2-core AMD EPYC Zen 4 (bfloat16), same day: "
                  "BLEU 31.09 with 2 layers (3 seeds), 26.85 with 3 (2 seeds); 60 minutes: 33.10 with 2 layers "
