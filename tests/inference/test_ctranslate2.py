@@ -139,6 +139,38 @@ def test_export_command_writes_ctranslate2_and_refuses_errors(tiny_run, tmp_path
     assert CTranslate2Translator(tmp_path / "beam").config.beam_size == 4  # the export's decoding travels with it
 
 
+def test_open_translator_decodes_a_ctranslate2_export_in_its_compute_type(exported, tmp_path):
+    from transformer.base.errors import ConfigError
+    from transformer.inference.export import decode_config_of, open_translator
+
+    translator, path = exported
+    opened = open_translator(path)
+    assert isinstance(opened, CTranslate2Translator) and opened.compute_type == "float32"
+    assert opened.batch_size == translator.config.chunk_size == 4  # batches as our translator chunks
+    assert opened.threads["intra_threads"] == 1 and opened.threads["inter_threads"] >= 1
+    assert opened.translate(SENTENCES) == translator.translate(SENTENCES)
+    assert decode_config_of(path, DecodeConfig(cut_over=0)) == translator.config  # as exported, not the flags
+    assert open_translator(path, compute_type="int8").compute_type == "int8"
+    with pytest.raises(ConfigError, match="--compute-type int8: .* is not a CTranslate2 export"):
+        open_translator(tmp_path, compute_type="int8")
+
+
+def test_translate_command_takes_a_ctranslate2_export_and_refuses_what_it_cannot_do(exported, tiny_run, tmp_path,
+                                                                                    capsys):
+    translator, path = exported
+    main = script_main("translate")
+    assert main(["--model", str(path), "--compute-type", "int8", *SENTENCES[:2]]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main(["--model", str(path), *SENTENCES[:2]]) == 0
+    assert capsys.readouterr().out.splitlines() == translator.translate(SENTENCES[:2])
+    assert main(["--model", str(tiny_run), "--compute-type", "int8", "Deus é amor."]) == 2
+    err = capsys.readouterr().err
+    assert "error: --compute-type int8:" in err and "Traceback" not in err
+    assert main(["--model", str(path), "Deus é amor.", "--plot-attention", str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --plot-attention:" in err and "Traceback" not in err and not (tmp_path / "a.png").exists()
+
+
 def test_compare_engines_interleaves_and_counts_identical_outputs(exported):
     from transformer.inference.evaluation import compare_engines, comparison_table
 

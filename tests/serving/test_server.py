@@ -21,7 +21,7 @@ import urllib.parse
 
 import pytest
 from conftest import script_main
-from helpers_translation import BAD_INPUTS, tiny_translator
+from helpers_translation import BAD_INPUTS, shared_tokenizers, tiny_translator
 
 from transformer.base import cli
 from transformer.inference.export import export_translator, load_exported
@@ -147,6 +147,38 @@ def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(which,
     else:
         assert server.batcher.mode == "run" and sum(t.is_alive() for t in server.batcher._threads) == 2
     assert server.batcher.queued == 0
+
+
+@pytest.fixture(scope="module")
+def ct2_export(tmp_path_factory):
+    """The CTranslate2 export of a tiny translator (CTranslate2 decodes it; our tokenizers)."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is pinned in requirements.txt: pip install -r it")
+    from transformer.inference.ctranslate2_export import export_ctranslate2
+
+    translator = tiny_translator(DecodeConfig(chunk_size=8), seed=1)
+    return export_ctranslate2(translator.model, shared_tokenizers()[1], tmp_path_factory.mktemp("serve-ct2") / "ct2",
+                              config=translator.config)
+
+
+def test_a_ctranslate2_export_is_served_in_run_batches_as_it_translates_offline(ct2_export):
+    model = load_model(ct2_export)
+    assert model.engine is None and BatchingConfig(mode="step").resolve(model).mode == "run"  # no step engine
+    offline = load_model(ct2_export).translate  # its own load, as the load test's offline figure
+    plan = share(make_requests(SENTENCES + EDGE, requests=64, max_texts_per_request=4, seed=2), clients=16)
+    texts = sorted({t for requests in plan for request in requests for t in request})
+    reference = dict(zip(texts, offline(texts)))
+    with ServerThread(model, BatchingConfig(max_batch=8, max_wait_ms=5, mode="run", streams=2)) as server:
+        run = run_clients(server.url, plan)
+        status, _, info = request(server.url, "GET", "/v1/model")
+        joins = server.batcher.stats["batches"]
+    flat = [r for client in run["results"] for r in client]
+    assert len(flat) == 64 and [r["body"] for r in flat if r["status"] != 200] == []
+    for r in flat:
+        assert r["body"]["translations"] == [reference[t] for t in r["texts"]]
+    assert joins < 64  # requests shared CTranslate2 calls
+    assert status == 200 and info["kind"] == "ctranslate2" and info["precision"] == "float32"
+    assert info["model_config"]["d_model"] == 16 and info["decode"]["chunk_size"] == 8 and info["ctranslate2"]
+    assert load_model(ct2_export, compute_type="int8").info["precision"] == "int8"
 
 
 def test_step_batching_runs_one_batch_per_decoder_stream(model):

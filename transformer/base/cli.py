@@ -37,6 +37,7 @@ from transformer.base.constants import (
     BUDGET_CLOCKS,
     CHECKOUT_DIR,
     CHECKPOINT_CHOICES,
+    CTRANSLATE2_COMPUTE_TYPES,
     DEVICES,
     EXPORT_MANIFEST,
     HEAD_WIDTHS,
@@ -550,6 +551,13 @@ def add_thread_args(parser) -> None:
                        help="TensorFlow's oneDNN ops: auto (default: off for a float32 model, TensorFlow's choice for "
                             "bfloat16), default (TensorFlow decides: on with AVX-512 BF16/VNNI or AMX), on or off; set "
                             "before TensorFlow starts (docs/speed.md, \"oneDNN's ops\")")
+
+
+def add_compute_type_arg(parser) -> None:
+    """Adds --compute-type: what CTranslate2 computes in when MODEL is a CTranslate2 export."""
+    parser.add_argument("--compute-type", choices=CTRANSLATE2_COMPUTE_TYPES,
+                        help="for a CTranslate2 export (export.py --format ctranslate2): CTranslate2's compute type, "
+                             "e.g. int8 (default float32); refused for other models")
 
 
 def model_dtype(path: str | Path) -> str:

@@ -30,6 +30,8 @@ TOKENIZER_ALGORITHMS = ("wordpiece", "sentencepiece")  # --tokenizer (transforme
 LENGTH_GRIDS = ("auto", "width", "geometric")  # --length-buckets (or explicit lengths; transformer/data/pipeline.py)
 XLA_CACHE_MODES = ("auto", "off")  # --xla-cache (or a directory; transformer/runtime/xla_cache.py)
 ONEDNN_CHOICES = ("auto", "default", "on", "off")  # --onednn of the decoding commands (transformer/runtime/onednn.py)
+CTRANSLATE2_COMPUTE_TYPES = ("float32", "int8", "int8_float32", "int16", "bfloat16", "int8_bfloat16",
+                             "default")  # --compute-type of a CTranslate2 export (its weights are float32)
 EXPORT_MANIFEST = "translator.json"  # an export's description (decode and model config, dtype), SavedModel or CTranslate2
 HEAD_WIDTHS = ("tutorial", "paper")  # --head-width
 TIE_EMBEDDINGS = ("none", "output", "all")  # --tie-embeddings (transformer/model/tied.py)

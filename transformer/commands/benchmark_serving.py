@@ -28,7 +28,7 @@ from transformer.runtime.onednn import configure_onednn
 @command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", metavar="MODEL", help="run directory or exported SavedModel")
+    parser.add_argument("model", metavar="MODEL", help="run directory, SavedModel export or CTranslate2 export")
     cli.add_checkpoint_arg(parser)
     parser.add_argument("--output", default="serving_benchmark.json", help="JSON report (default serving_benchmark.json)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64],
@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     cli.add_batching_args(parser)
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)
+    cli.add_compute_type_arg(parser)
     args = parser.parse_args(argv)
     cli.check_thread_args(args)
     for flag in ("requests", "max_texts_per_request", "rounds"):
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
     batching = BatchingConfig(args.max_batch, args.max_wait_ms, mode=args.batching, streams=args.decoder_streams)
     model, batching, threads = load_for_serving(args.model, cli.decode_config_from_args(args), args.checkpoint,
                                                 batching, intra_op=args.intra_op_threads,
-                                                inter_op=args.inter_op_threads)
+                                                inter_op=args.inter_op_threads,
+                                                compute_type=args.compute_type)
     limits = ServeLimits(max_texts=max(args.max_texts_per_request, ServeLimits.max_texts))
     report = benchmark(model, sentences, args.concurrency, args.requests, args.max_texts_per_request,
                        batching=batching, limits=limits, rounds=args.rounds)

@@ -4,7 +4,7 @@
     python scripts/evaluate.py --model exports/bible --dataset ted_hrlr_translate/pt_to_en --split test
     python scripts/evaluate.py --model runs/bible --src test.pt --ref test.en --beam 4 --output eval.json
 
---model is a run directory or an export (see scripts/translate.py). Speed: one cold pass
+--model is a run directory or an export, SavedModel or CTranslate2 (see scripts/translate.py). Speed: one cold pass
 (tracing/compilation included) then --repeats warm passes; the report's `speed` is the best
 warm pass. See transformer/inference/evaluation.py.
 """
@@ -22,7 +22,7 @@ from transformer.runtime.onednn import configure_onednn, onednn_state
 @command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="run directory or exported SavedModel")
+    parser.add_argument("--model", required=True, help="run directory, SavedModel export or CTranslate2 export")
     cli.add_checkpoint_arg(parser)
     data = parser.add_argument_group("evaluation data (one of)")
     data.add_argument("--src", help="source file, one sentence per line (with --ref)")
@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default="eval.json", help="JSON report path (default eval.json)")
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)
+    cli.add_compute_type_arg(parser)
     args = parser.parse_args(argv)
     cli.check_thread_args(args)
     config = cli.decode_config_from_args(args)
@@ -52,13 +53,15 @@ def main(argv=None) -> int:
     sources, references = load_split(
         src_file=args.src, ref_file=args.ref, data_dir=args.data_dir, split=args.split, dataset=args.dataset,
         tfds_data_dir=args.tfds_data_dir, limit=args.limit)
-    translator = open_translator(args.model, config, args.checkpoint)
+    translator = open_translator(args.model, config, args.checkpoint, args.compute_type)
     description = {
         "model": str(Path(args.model).resolve()),
         "data": args.src or args.data_dir or args.dataset,
         "split": None if args.src else args.split,
         "decode": getattr(translator, "config", None) and translator.config.to_dict(),
         "exported_decode": getattr(translator, "manifest", {}).get("decode"),
+        "ctranslate2": getattr(translator, "compute_type", None) and {"compute_type": translator.compute_type,
+                                                                    **translator.threads},
         "threads": threads.to_dict(),
         "onednn": onednn_state(),
         "command": " ".join(sys.argv),

@@ -4,7 +4,8 @@
     python scripts/serve.py runs/bible --checkpoint best --port 8080 --max-batch 64
     curl -s localhost:8000/v1/translate -d '{"texts": ["Deus é amor."]}'
 
-MODEL is a run directory or an export, loaded as transformer-translate --model loads it.
+MODEL is a run directory or an export (SavedModel, or CTranslate2 with --compute-type),
+loaded as transformer-translate --model loads it.
 Routes: POST /v1/translate {"texts": [...]} → {"translations", "model", "elapsed_ms"};
 GET /health (200 once loaded and warmed); GET /v1/model; GET / (the page). Concurrent
 requests are decoded together, up to --max-batch sentences or --max-wait-ms. SIGTERM or
@@ -26,7 +27,7 @@ POSITIVE = {"max_queue": "--max-queue", "max_texts": "--max-texts", "max_chars":
 @command
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", metavar="MODEL", help="run directory or exported SavedModel")
+    parser.add_argument("model", metavar="MODEL", help="run directory, SavedModel export or CTranslate2 export")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     cli.add_checkpoint_arg(parser)
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     group.add_argument("--timeout", type=float, default=30.0, help="seconds a request may take (default 30; then 504)")
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)
+    cli.add_compute_type_arg(parser)
     args = parser.parse_args(argv)
     cli.check_thread_args(args)
     for name, flag in POSITIVE.items():
@@ -61,7 +63,8 @@ def main(argv=None) -> int:
     limits = ServeLimits(args.max_texts, args.max_chars, args.max_body_bytes, args.timeout)
     sock = bind(args.host, args.port)  # a port in use fails before the model loads
     model, batching, _ = load_for_serving(args.model, cli.decode_config_from_args(args), args.checkpoint, batching,
-                                          intra_op=args.intra_op_threads, inter_op=args.inter_op_threads)
+                                          intra_op=args.intra_op_threads, inter_op=args.inter_op_threads,
+                                          compute_type=args.compute_type)
     return serve(model, sock, batching, limits)
 
 

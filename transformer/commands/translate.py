@@ -1,13 +1,16 @@
-"""Translate Portuguese sentences with a training run or an exported SavedModel.
+"""Translate Portuguese sentences with a training run or an export (SavedModel or CTranslate2).
 
     python scripts/translate.py --model runs/bible "No princípio, Deus criou os céus e a terra."
     echo "Deus é amor." | python scripts/translate.py --model exports/bible
     python scripts/translate.py --model runs/bible --file sentences.pt --beam 4 > out.en
     python scripts/translate.py --model exports/bible --file big.pt --output big.en   # progress bar
     python scripts/translate.py --model runs/bible "Deus é amor." --plot-attention attention.png
+    python scripts/translate.py --model exports/bible-ct2 --compute-type int8 --file big.pt --output big.en
 
---model is either a run directory (config.json + checkpoints/) or an export (saved_model.pb);
-decoding flags (--beam, --xla, …) apply to run directories, an export decodes as exported.
+--model is a run directory (config.json + checkpoints/), an export (saved_model.pb) or a
+CTranslate2 export (model.bin: export.py --format ctranslate2, decoded by CTranslate2 in
+--compute-type); decoding flags (--beam, --xla, …) apply to run directories, an export decodes
+as exported.
 Sentences come from the arguments, else --file, else stdin (one per line). One translation
 per input line is printed (or written to --output), in order. --file and stdin are streamed in
 blocks of --block-lines (each sorted by length and decoded in chunks), so a file of any size
@@ -44,7 +47,7 @@ def open_input(args, stack: contextlib.ExitStack):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: --file or stdin)")
-    parser.add_argument("--model", required=True, help="run directory or exported SavedModel")
+    parser.add_argument("--model", required=True, help="run directory, SavedModel export or CTranslate2 export")
     cli.add_checkpoint_arg(parser)
     parser.add_argument("--file", help="read sentences from this file, one per line (streamed: any size)")
     parser.add_argument("--output", metavar="OUT", help="write the translations to this file (atomically) instead of stdout")
@@ -57,6 +60,7 @@ def main(argv=None) -> int:
     parser.add_argument("--head", type=int, help="plot one attention head (default: mean over heads)")
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)
+    cli.add_compute_type_arg(parser)
     args = parser.parse_args(argv)
     if args.block_lines <= 0:
         raise ConfigError(f"--block-lines must be > 0, got {args.block_lines}")
@@ -74,7 +78,10 @@ def main(argv=None) -> int:
 
     with contextlib.ExitStack() as stack:
         lines, total = open_input(args, stack)
-        translator = open_translator(args.model, config, args.checkpoint)
+        translator = open_translator(args.model, config, args.checkpoint, args.compute_type)
+        if args.plot_attention and not hasattr(translator, "attention"):
+            raise ConfigError(f"--plot-attention: {args.model} is a CTranslate2 export, which returns no attention "
+                              "weights", hint="plot from the run directory or its SavedModel export")
         out = stack.enter_context(atomic.open_text(args.output)) if args.output else sys.stdout
         show = args.progress if args.progress is not None else bool(args.output) or sys.stderr.isatty()
         bar = stack.enter_context(tqdm(total=total, unit=" sentences", unit_scale=True, file=sys.stderr,

@@ -30,6 +30,7 @@ never leaves a half-written model behind.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -40,7 +41,8 @@ import tensorflow_text  # noqa: F401  (registers the tokenizer ops for loading)
 
 from transformer.base import atomic
 from transformer.base.constants import EXPORT_MANIFEST
-from transformer.base.errors import MissingFileError, OutputExistsError
+from transformer.base.errors import ConfigError, MissingFileError, OutputExistsError
+from transformer.inference.ctranslate2_export import CTranslate2Translator, is_ctranslate2_dir
 from transformer.inference.rundir import is_run_dir, translator_from_run
 from transformer.inference.translator import ATTENTION_OUTPUTS, DecodeConfig, as_string_batch
 from transformer.runtime.artifacts import EXPORT_HINT, load_saved_model
@@ -141,11 +143,11 @@ class ExportedTranslator:
 def decode_config_of(path: str | Path, config: DecodeConfig = DecodeConfig()) -> DecodeConfig:
     """The DecodeConfig `open_translator(path, config)` decodes with, read without loading anything.
 
-    An export decodes as exported (its translator.json; one loop when that predates streams);
-    a run directory with `config`.
+    An export (SavedModel or CTranslate2) decodes as exported (its translator.json; one loop when
+    that predates streams); a run directory with `config`.
     """
     path = Path(path)
-    if not (path / "saved_model.pb").is_file():
+    if not (path / "saved_model.pb").is_file() and not is_ctranslate2_dir(path):
         return config
     manifest = path / MANIFEST
     decode = json.loads(manifest.read_text()).get("decode", {}) if manifest.is_file() else {}
@@ -169,17 +171,29 @@ def load_exported(path: str | Path) -> ExportedTranslator:
     return ExportedTranslator(path)
 
 
-def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest"):
-    """A Translator (run directory) or an ExportedTranslator (SavedModel) for `path`.
+def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str = "latest",
+                    compute_type: Optional[str] = None):
+    """A Translator (run directory), an ExportedTranslator (SavedModel) or a CTranslate2Translator
+    (`export.py --format ctranslate2`) for `path`.
 
-    Both have `translate`, `translate_with_lengths` and `attention`. `config` applies to run
-    directories only: an export decodes as it was exported.
+    All have `translate` and `translate_with_lengths`; the first two `attention` too. `config`
+    applies to run directories only: an export decodes as it was exported. `compute_type`
+    (CTranslate2 exports only; None: float32) is what CTranslate2 computes in, e.g. "int8";
+    such a model decodes on one thread per batch, as many batches at once as there are cores
+    (the fastest split on 2 cores, docs/speed.md).
     """
     path = Path(path)
+    if is_ctranslate2_dir(path):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return CTranslate2Translator(path, compute_type or "float32", intra_threads=1, inter_threads=cores)
+    if compute_type is not None:
+        raise ConfigError(f"--compute-type {compute_type}: {path} is not a CTranslate2 export (model.bin + "
+                          f"{MANIFEST}); it applies to those only",
+                          hint="drop --compute-type, or write one: transformer-export --format ctranslate2")
     if (path / "saved_model.pb").is_file():
         return load_exported(path)
     if is_run_dir(path):
         return translator_from_run(path, config, checkpoint)
-    raise MissingFileError(f"{path} is neither an exported SavedModel (saved_model.pb) nor a training run "
-                           "directory (config.json + checkpoints/)",
+    raise MissingFileError(f"{path} is neither an exported SavedModel (saved_model.pb), a CTranslate2 export "
+                           "(model.bin) nor a training run directory (config.json + checkpoints/)",
                            hint="--model takes a training run's --output directory or scripts/export.py's --output")

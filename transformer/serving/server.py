@@ -46,13 +46,21 @@ class ServedModel:
     engine: Optional[Callable[[], object]] = None
 
 
-def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoint: str = "latest") -> ServedModel:
-    """A run directory or an export, loaded as `transformer-translate --model` loads it."""
+def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoint: str = "latest",
+               compute_type: Optional[str] = None) -> ServedModel:
+    """A run directory or an export (SavedModel or CTranslate2, in `compute_type`), loaded as
+    `transformer-translate --model` loads it."""
+    from transformer.inference.ctranslate2_export import CTranslate2Translator
     from transformer.inference.export import ExportedTranslator, open_translator
 
-    translator = open_translator(path, decode, checkpoint)
+    translator = open_translator(path, decode, checkpoint, compute_type)
     path = Path(path)
-    if isinstance(translator, ExportedTranslator):
+    if isinstance(translator, CTranslate2Translator):
+        manifest = translator.manifest
+        info = {"kind": "ctranslate2", "model_config": manifest.get("model", {}), "decode": translator.config.to_dict(),
+                "created": manifest.get("created"), "precision": translator.compute_type,
+                "ctranslate2": manifest.get("ctranslate2"), "threads": translator.threads}
+    elif isinstance(translator, ExportedTranslator):
         manifest = translator.manifest
         dtypes = sorted({v.dtype.name for v in translator.serving.variables if v.dtype.is_floating})
         info = {"kind": "export", "model_config": manifest.get("model", {}), "decode": manifest.get("decode", {}),
@@ -66,7 +74,8 @@ def load_model(path: str | Path, decode: DecodeConfig = DecodeConfig(), checkpoi
                 "decode": translator.config.to_dict(), "created": created,
                 "precision": translator.model.dtype_policy.name}
     decoding = info["decode"]  # what the model decodes with: the export's own settings, or the flags'
-    steppable = decoding.get("beam_size", 1) == 1 and not decoding.get("jit_compile", False)
+    steppable = (decoding.get("beam_size", 1) == 1 and not decoding.get("jit_compile", False)
+                 and info["kind"] != "ctranslate2")
     engine = _continuous_decoders(translator) if steppable else None
     model_config = info["model_config"]
     info = {"name": path.resolve().name, "path": str(path.resolve()), **info,
@@ -146,12 +155,14 @@ BATCHING_MODES = ("step", "run")
 
 
 def load_for_serving(path: str | Path, decode: DecodeConfig, checkpoint: str, batching: BatchingConfig, *,
-                     intra_op: Optional[int] = None, inter_op: Optional[int] = None):
+                     intra_op: Optional[int] = None, inter_op: Optional[int] = None,
+                     compute_type: Optional[str] = None):
     """(model, resolved batching, thread pools in effect): sets TensorFlow's pools for `batching`
-    (`BatchingConfig.threads`, flags `intra_op` / `inter_op` win), then loads `path` and resolves
-    `batching` against it; decoder streams the model cannot take are a ConfigError naming the flag."""
+    (`BatchingConfig.threads`, flags `intra_op` / `inter_op` win), then loads `path` (`compute_type`:
+    a CTranslate2 export's) and resolves `batching` against it; decoder streams the model cannot
+    take are a ConfigError naming the flag."""
     threads = configure_threads(batching.threads(path, decode, intra_op=intra_op, inter_op=inter_op))
-    model = load_model(path, decode, checkpoint)
+    model = load_model(path, decode, checkpoint, compute_type)
     try:
         return model, batching.resolve(model), threads
     except ValueError as err:
