@@ -171,6 +171,22 @@ def test_translate_command_takes_a_ctranslate2_export_and_refuses_what_it_cannot
     assert "error: --plot-attention:" in err and "Traceback" not in err and not (tmp_path / "a.png").exists()
 
 
+def test_evaluate_command_scores_a_ctranslate2_export_and_names_its_compute_type(exported, tmp_path):
+    translator, path = exported
+    src, ref, report = tmp_path / "src.pt", tmp_path / "ref.en", tmp_path / "eval.json"
+    texts = [s for s in SENTENCES[:5] if s]  # evaluation pairs have both sides
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(translator.translate(texts)) + "\n", encoding="utf-8")  # ours as the reference
+    argv = ["--model", str(path), "--src", str(src), "--ref", str(ref), "--repeats", "0", "--output", str(report)]
+    assert script_main("evaluate")([*argv, "--compute-type", "float32"]) == 0
+    out = json.loads(report.read_text())
+    assert out["translations"] == translator.translate(texts) and out["ctranslate2"]["compute_type"] == "float32"
+    assert out["bleu"] == pytest.approx(100.0)  # its translations are the references
+    assert out["ctranslate2"]["intra_threads"] == 1 and out["exported_decode"]["cut_over"] == 8
+    assert script_main("evaluate")([*argv, "--compute-type", "int8"]) == 0
+    assert json.loads(report.read_text())["ctranslate2"]["compute_type"] == "int8"
+
+
 def test_compare_engines_interleaves_and_counts_identical_outputs(exported):
     from transformer.inference.evaluation import compare_engines, comparison_table
 
