@@ -30,7 +30,6 @@ never leaves a half-written model behind.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -46,7 +45,7 @@ from transformer.inference.ctranslate2_export import CTranslate2Translator, is_c
 from transformer.inference.rundir import is_run_dir, translator_from_run
 from transformer.inference.translator import ATTENTION_OUTPUTS, DecodeConfig, as_string_batch
 from transformer.runtime.artifacts import EXPORT_HINT, load_saved_model
-from transformer.runtime.threads import Threads, configure_threads, decoding_threads
+from transformer.runtime.threads import Threads, configure_threads, decoding_threads, usable_cores
 
 SERVING_SIGNATURE = "serving_default"
 ATTENTION_SIGNATURE = "attention"
@@ -184,8 +183,7 @@ def open_translator(path, config: DecodeConfig = DecodeConfig(), checkpoint: str
     """
     path = Path(path)
     if is_ctranslate2_dir(path):
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return CTranslate2Translator(path, compute_type or "float32", intra_threads=1, inter_threads=cores)
+        return CTranslate2Translator(path, compute_type or "float32", intra_threads=1, inter_threads=usable_cores())
     if compute_type is not None:
         raise ConfigError(f"--compute-type {compute_type}: {path} is not a CTranslate2 export (model.bin + "
                           f"{MANIFEST}); it applies to those only",

@@ -54,6 +54,11 @@ def current_threads() -> Threads:
                    setting("inter_op", tf.config.threading.get_inter_op_parallelism_threads))
 
 
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, else every CPU)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def decoding_threads(streams: int, cores: int | None = None, *, intra_op: int | None = None,
                      inter_op: int | None = None) -> Threads:
     """Pools for a process that decodes with `streams` concurrent loops on `cores` CPUs.
