@@ -1,6 +1,7 @@
 """The attention's projections as 2-D matmuls (`CachedMultiHeadAttention._project_heads`,
 `_project_output`) compute what Keras' own EinsumDense sublayers compute, fused or not, with
-and without biases, in float32 and under a bfloat16 policy."""
+and without biases, in float32 and under a bfloat16 policy; training's projections (the
+query pre-scaled, the key bias left out) give the same attention and the same gradients."""
 
 import numpy as np
 import pytest
@@ -46,3 +47,34 @@ def test_projections_under_a_bfloat16_policy_stay_bfloat16():
     expected = tf.cast(layer._query_dense(x), tf.float32).numpy()
     np.testing.assert_allclose(tf.cast(query, tf.float32).numpy(), expected, atol=0.1, rtol=0.02)
     assert layer._project_output(tf.cast(query, tf.bfloat16)).dtype == tf.bfloat16
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_training_projections_give_the_same_attention_and_gradients(cross):
+    """Training scales the query through its kernel and skips the key bias (`_project_training`):
+    the output and every gradient equal inference's path (which adds the key bias and scales the
+    activations), and the key bias's gradient is exactly 0, as it is in exact arithmetic."""
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    layer = built_attention()  # dropout 0: training and inference differ only in the projections
+    x = tf.random.normal([BATCH, LENGTH, DIM], seed=1)
+    memory = tf.random.normal([BATCH, LENGTH + 2, DIM], seed=4) if cross else x
+    mask = tf.sequence_mask([LENGTH + 2, 4], LENGTH + 2)[:, tf.newaxis] if cross else None
+    weights = tf.random.normal([BATCH, LENGTH, DIM], seed=5)  # a loss that reads every output
+    results = {}
+    for training in (True, False):
+        with tf.GradientTape() as tape:
+            output = layer(x, memory, attention_mask=mask, training=training)
+            loss = tf.reduce_sum(output * weights)
+        grads = tape.gradient(loss, layer.trainable_weights)
+        results[training] = output.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
+    (train_out, train_grads), (infer_out, infer_grads) = results[True], results[False]
+    np.testing.assert_allclose(train_out, infer_out, atol=1e-5, rtol=1e-5)
+    checked = 0
+    for weight, train_grad, infer_grad in zip(layer.trainable_weights, train_grads, infer_grads):
+        if weight is layer._key_dense.bias:
+            assert not train_grad.any()
+            np.testing.assert_allclose(infer_grad, 0.0, atol=1e-4)  # autodiff's rounding of a zero
+        else:
+            np.testing.assert_allclose(train_grad, infer_grad, atol=1e-4, rtol=1e-4)
+            checked += 1
+    assert checked == len(layer.trainable_weights) - 1 == 7  # kernels and biases of q, k, v, output

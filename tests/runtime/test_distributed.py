@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from distributed_worker import progress_callback, verify_saved
+from helpers_model import moves_in_training
 
 from transformer.base.config import RunConfig
 from transformer.runtime import distribute
@@ -287,7 +288,8 @@ def test_train_with_mirrored_strategy_on_two_logical_cpus(corpus, tmp_path):
 
     averaged, latest = load_trained_model(run_dir, "ema")[0].weights, load_trained_model(run_dir)[0].weights
     assert all(np.isfinite(a.numpy()).all() for a in averaged)
-    assert sum(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(averaged, latest)) == len(latest)
+    trained = [(a, b) for a, b in zip(averaged, latest) if moves_in_training(b)]
+    assert sum(not np.array_equal(a.numpy(), b.numpy()) for a, b in trained) == len(trained) > 0
     from transformer.measure.reports import load_steps
 
     rows = load_steps(run_dir / "report.json", report)

@@ -126,6 +126,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 cache = write_positions(cache, value, cache_update_index)
             output, scores = self.attend_inputs(query, cache, attention_mask)
             return (output, scores, cache) if return_attention_scores else (output, cache)
+        # Training's projections return the query already scaled by 1/sqrt(key_dim); inference's do not.
         project = self._project_training if training else self._project_heads
         if cache is None and value is query:  # self-attention: one matmul for queries, keys and values
             query_heads, key_heads, value_heads = project(query, (self._query_dense, self._key_dense, self._value_dense))
@@ -138,7 +139,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
             if cache is not None:  # one scatter of this step's keys and values into [B, 2, L, N, H]
                 cache = write_positions(cache, tf.stack([key_heads, value_heads], axis=1), cache_update_index, axis=2)
                 key_heads, value_heads = cache[:, 0], cache[:, 1]
-        output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training)
+        output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training,
+                                      query_scaled=bool(training))
         output = self._output_dense(output) if training else self._project_output(output)
         results = (output,)
         if return_attention_scores:
@@ -151,19 +153,41 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         """Keys and values for a cross-attention cache: `[batch, 2, key_len, heads, key_dim]`."""
         return tf.stack(self._project_heads(value, (self._key_dense, self._value_dense)), axis=1)
 
-    @staticmethod
-    def _project_training(x, denses) -> list:
-        """Training's input projections: Keras' own EinsumDense sublayers (see `_project_heads`)."""
-        return [dense(x) for dense in denses]
+    def _project_training(self, x, denses) -> list:
+        """Training's input projections (`[B, T, dim]` → one `[B, T, N, H]` per dense): each
+        EinsumDense's own einsum on its kernel in the compute dtype, with two exact cuts.
+
+        - The query comes out scaled by 1/sqrt(key_dim): the scale multiplies the kernel and
+          bias (`[dim, N, H]`, `[N, H]`) instead of the `[B, T, N, H]` activations, forward and
+          backward.
+        - The key bias is not added: it shifts every logit of a query by the same q·bk, which
+          the softmax cancels, so its true gradient is 0 (autodiff returned ~1e-13). It gets
+          exactly 0 here and stays in the model, as inference adds it.
+        On the tutorial's heads (`[B, T, 8, 128]`) both ops cost ~2% of a bfloat16 training step
+        (docs/speed.md, "What each optimisation measured"). Einsum, not a 2-D matmul: training
+        takes dynamic shapes, where TensorFlow's einsum is one oneDNN matmul (see `_project_heads`).
+        """
+        dtype = self.compute_dtype
+        heads = []
+        for dense in denses:
+            kernel, bias = dense.kernel, dense.bias
+            if dense is self._query_dense:
+                kernel = kernel * self._inverse_sqrt_key_dim
+                bias = None if bias is None else bias * self._inverse_sqrt_key_dim
+            y = tf.einsum(dense.equation, x, tf.cast(kernel, dtype))
+            if bias is not None:
+                y = _without_bias(y, bias) if dense is self._key_dense else y + tf.cast(bias, dtype)
+            heads.append(y)
+        return heads
 
     def _project_heads(self, x, denses) -> list:
         """Inference's input projections `denses` (EinsumDense "abc,cde->abde", kernels `[dim, N,
         H]`) of `x [B, T, dim]` → one `[B, T, N, H]` per dense, computed as ONE 2-D matmul
-        `[B·T, dim] × [dim, Σ N·H]` plus bias. TensorFlow runs the layer's einsum as a batch
-        matmul broadcasting the kernel over B (`[T, dim] × [dim, N·H]` per row): the encoder of
-        a decoding chunk ran 1.21x faster this way on one core; a training step did not gain
-        (docs/speed.md, "Matrix shapes"), so training keeps the sublayers. Same function, other
-        rounding (~1e-6)."""
+        `[B·T, dim] × [dim, Σ N·H]` plus bias. Where the sequence length is static, Keras runs
+        the layer's einsum as a batch matmul broadcasting the kernel over B (`[T, dim] × [dim,
+        N·H]` per row): the encoder of a decoding chunk ran 1.21x faster this way on one core; a
+        training step did not gain (docs/speed.md, "Matrix shapes"), so training keeps the einsum
+        (`_project_training`). Same function, other rounding (~1e-6)."""
         matrices, biases = zip(*(dense_matrix(dense, x.dtype) for dense in denses))
         widths = [matrix.shape[1] for matrix in matrices]
         dim = x.shape[-1]
@@ -207,12 +231,13 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
             value_heads += tf.cast(self._value_dense.bias, dtype)
         return self._output_dense(value_heads), scores
 
-    def _attend(self, query_heads, key_heads, value_heads, attention_mask, training):
+    def _attend(self, query_heads, key_heads, value_heads, attention_mask, training, query_scaled=False):
         # Heads to the front ([B, T, N, H] → [B, N, T, H]), then batched matmuls: on CPU
         # (oneDNN) explicit transposes + BatchMatMul run the attention block ~1.3x faster
         # than the equivalent einsums "btnh,bsnh->bnts" / "bnts,bsnh->btnh" (docs/speed.md,
-        # "Where the time goes").
-        query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
+        # "Where the time goes"). query_scaled: the query already carries 1/sqrt(key_dim).
+        if not query_scaled:
+            query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
         logits = tf.matmul(query_heads, key_heads, transpose_b=True)
@@ -232,6 +257,15 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                                 getattr(self._dropout_layer, "dropout_switch", None)) if use_dropout else scores)
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
+
+
+@tf.custom_gradient
+def _without_bias(projected, bias):
+    """`projected` unchanged, with a zero gradient for `bias`: a bias whose true gradient is 0
+    (the key bias, see `CachedMultiHeadAttention._project_training`), not added."""
+    def grad(upstream):
+        return upstream, tf.zeros_like(bias)
+    return tf.identity(projected), grad
 
 
 def dense_matrix(dense, dtype, inputs: int = 1) -> tuple:
