@@ -1,6 +1,7 @@
 """The bf16 probe's verdict is cached only when it was taken idle: busy rules (CPU share, load
-at start and end), re-probing busy or incomplete cache entries, and the reason line that
-says which verdict was used. Probe results are injected, as in tests/runtime/test_precision.py."""
+at start and end), a busy probe taken again (the first idle one, else the least starved,
+decides), re-probing busy or incomplete cache entries, and the reason line that says which
+verdict was used. Probe results are injected, as in tests/runtime/test_precision.py."""
 
 import calendar
 import dataclasses
@@ -64,7 +65,7 @@ def test_busy_from_cpu_share_and_load_at_both_ends(share, load, load_end, busy):
 
 
 def test_busy_probe_decides_this_run_only(tmp_path):
-    flattered = decide_precision(facts=XEON, probe=probes(FLATTERED))
+    flattered = decide_precision(facts=XEON, probe=probes(*[FLATTERED] * precision.BUSY_PROBES))
     assert flattered.mixed_precision == "bfloat16" and flattered.probe_cached is False
     assert "fresh probe on a busy machine, not cached: CPU share 45%, load 0.2→0.3 on 2 CPUs" in flattered.reason
     assert not (tmp_path / "precision.json").exists()
@@ -78,6 +79,27 @@ def test_busy_probe_decides_this_run_only(tmp_path):
     saved = cached.to_dict()["probe"]
     assert saved["busy"] is False and saved["cpu_share"] == 0.95 and saved["load_end"] == 0.3
     json.dumps(cached.to_dict())
+
+
+def test_a_busy_probe_is_taken_again_and_the_first_idle_one_decides(tmp_path):
+    """A starved probe can invert the ratio: on a shared EPYC Zen 4, bf16 1.2× float32 (idle ~2×)."""
+    starved = result(130.0, 158.0, cpu_share=0.65)
+    idle = result(130.0, 290.0)
+    probe = probes(starved, idle, starved)
+    decision = decide_precision(facts=XEON, probe=probe)
+    assert probe.calls == 2 and decision.probe == idle and decision.mixed_precision == "bfloat16"
+    assert decide_precision(facts=XEON, probe=no_probe).probe == idle  # the idle one was cached
+
+
+def test_when_every_probe_is_busy_the_least_starved_decides_uncached(tmp_path):
+    lagging = dict(load=1.8, load_end=1.8)  # the load average of a job that just ended: busy at any share
+    probe = probes(result(130.0, 150.0, cpu_share=0.65, **lagging), result(130.0, 290.0, cpu_share=0.93, **lagging),
+                   result(130.0, 140.0, cpu_share=0.70, **lagging), IDLE_XEON)
+    decision = decide_precision(facts=XEON, probe=probe)
+    assert probe.calls == precision.BUSY_PROBES == 3
+    assert decision.probe.cpu_share == 0.93 and decision.mixed_precision == "bfloat16"
+    assert "fresh probe on a busy machine, not cached: CPU share 93%" in decision.reason
+    assert not (tmp_path / "precision.json").exists()
 
 
 @pytest.mark.parametrize("entry", [
