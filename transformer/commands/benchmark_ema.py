@@ -61,6 +61,7 @@ def main(argv=None) -> int:
     from transformer.model.transformer import Transformer
     from transformer.runtime import artifacts
     from transformer.runtime.devices import set_precision
+    from transformer.training.train_step import train_step
 
     model_config = (artifacts.load_run_config(args.run).model if args.run
                     else ModelConfig(src_vocab_size=args.vocab_size, tgt_vocab_size=args.vocab_size))
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     src = rng.integers(4, model_config.src_vocab_size, (args.rows, args.length)).astype("int32")
     tgt = rng.integers(4, model_config.tgt_vocab_size, (args.rows, args.length + 1)).astype("int32")
     variants = {"no EMA": None, **{f"EMA every {k}": k for k in args.every}}
-    models = {}
+    models, steps_of = {}, {}
     for name, every in variants.items():
         keras.utils.set_random_seed(0)
         model = Transformer.from_model_config(model_config)
@@ -77,13 +78,13 @@ def main(argv=None) -> int:
         train = TrainConfig(mixed_precision=args.mixed_precision, xla=False, lr_schedule="inverse-sqrt",
                             ema_decay=None if every is None else args.decay, ema_every=every or 1)
         compile_model(model, RunConfig(model=model_config, train=train))
-        models[name] = model
+        models[name], steps_of[name] = model, train_step(model)  # as training runs it: one trace for unknown dims
     steps = {name: [] for name in variants}
     for round_index in range(args.rounds):
-        for name, model in models.items():
+        for name, step in steps_of.items():
             for _ in range(args.steps):
                 start = time.perf_counter()
-                model.train_on_batch((src, tgt[:, :-1]), tgt[:, 1:])  # returns numpy: the step has finished
+                step((src, tgt[:, :-1]), tgt[:, 1:])  # returns the loss: the step has finished
                 if round_index:
                     steps[name].append(time.perf_counter() - start)
         print(f"round {round_index + 1}/{args.rounds}" + ("" if round_index else " (warm-up)") + ": " + ", ".join(

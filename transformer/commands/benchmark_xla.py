@@ -5,12 +5,13 @@
 Builds the default recipe's model (or RUN's, `--run`), compiled as training compiles it
 (`compile_model`: policy, FusedAdam, `jit_compile`), once without XLA and once with it, and
 trains each on fixed random batches of `--tokens` tokens per side at each `--length` (`[tokens
-// length, length]`, every position a token). Per cell: the first step (tracing, and with XLA
-the compilation of that shape), the second, and the median and minimum of `--steps` more;
-target tokens/s = rows × length ÷ median step. With XLA, `$XLA_FLAGS` gets training's GPU flags
-(`transformer/runtime/xla_flags.py`) unless `--xla-flags xla` keeps XLA's own; XLA reads the
-variable once per process, so compare flag settings in separate processes. Precision: bfloat16
-on a GPU, float32 on a CPU, unless `--mixed-precision` says otherwise. Writes JSON and a table.
+// length, length]`, every position a token), through training's step (one trace for unknown
+dims, `trace_s`). Per cell: the first step (with XLA the compilation of that shape), the
+second, and the median and minimum of `--steps` more; target tokens/s = rows × length ÷ median
+step. With XLA, `$XLA_FLAGS` gets training's GPU flags (`transformer/runtime/xla_flags.py`)
+unless `--xla-flags xla` keeps XLA's own; XLA reads the variable once per process, so compare
+flag settings in separate processes. Precision: bfloat16 on a GPU, float32 on a CPU, unless
+`--mixed-precision` says otherwise. Writes JSON and a table.
 """
 
 import argparse
@@ -61,6 +62,7 @@ def main(argv=None) -> int:
     from transformer.runtime import artifacts
     from transformer.runtime.devices import set_precision
     from transformer.runtime.xla_flags import XLA_FLAGS_ENV
+    from transformer.training.train_step import train_step
 
     device = "gpu" if tf.config.list_physical_devices("GPU") else "cpu"  # memory growth: cli.start()
     model_config = (artifacts.load_run_config(args.run).model if args.run else
@@ -75,6 +77,9 @@ def main(argv=None) -> int:
         model.build()
         compile_model(model, RunConfig(model=model_config).replace(train={"xla": xla == "on", "mixed_precision": mode}),
                       schedule=1e-4)
+        start = time.perf_counter()
+        step = train_step(model)  # as training runs it: one trace for unknown dims, one XLA program per shape
+        trace_s = time.perf_counter() - start
         for tokens in args.tokens:
             for length in args.lengths:
                 rows = max(1, tokens // length)
@@ -84,11 +89,11 @@ def main(argv=None) -> int:
                 times = []
                 for _ in range(args.steps + 2):
                     start = time.perf_counter()
-                    model.train_on_batch(inputs, labels)  # returns numpy: the step has finished
+                    step(inputs, labels)  # returns the loss: the step has finished
                     times.append(time.perf_counter() - start)
                 steady = sorted(times[2:])
                 median = steady[len(steady) // 2]
-                cell = {"xla": xla, "tokens": tokens, "rows": rows, "length": length,
+                cell = {"xla": xla, "tokens": tokens, "rows": rows, "length": length, "trace_s": trace_s,
                         "first_step_s": times[0], "second_step_s": times[1], "median_step_s": median,
                         "min_step_s": steady[0], "tgt_tokens_per_s": rows * length / median}
                 cells.append(cell)

@@ -29,6 +29,7 @@ from transformer.inference.rundir import CONFIG_FILE, build_model
 from transformer.model.optimizer import compile_model
 from transformer.model.schedule import batch_factor, resolve_lr_scaling, scale_for_batch
 from transformer.runtime.batch_size import RECIPE_MAX_TOKENS, BatchDecision, StepTimer, decide_max_tokens
+from transformer.training.train_step import train_step
 
 log = logging.getLogger(__name__)
 
@@ -45,32 +46,34 @@ def step_timer(model_config: ModelConfig, config: RunConfig, strategy: tf.distri
                length: Optional[int] = None) -> tuple[StepTimer, callable]:
     """(time_step, release): `time_step(max_tokens)` → seconds per train step of the real model.
 
-    The model (built once, compiled like training: precision policy, XLA, FusedAdam) trains on
-    random ids `[max_tokens // length × replicas, length]` on both sides; `length` defaults to
+    The model (built once, compiled like training: precision policy, XLA, FusedAdam) runs
+    training's step (`train_step`: one trace for unknown dims, so one XLA program per shape)
+    on random ids `[max_tokens // length × replicas, length]` on both sides; `length` defaults to
     `max_length`, the longest padded length (the most memory per token). Out of memory raises
     `tf.errors.ResourceExhaustedError`. `release()` drops the probe's model.
     """
     state = {}
     seq_len = length or model_config.max_length
 
-    def model():
-        if "model" not in state:
+    def step():
+        if "step" not in state:
             with strategy.scope():
-                state["model"] = build_model(model_config)
-                compile_model(state["model"], config, schedule=1e-4)
-        return state["model"]
+                model = build_model(model_config)
+                compile_model(model, config, schedule=1e-4)
+                state["step"] = train_step(model)
+        return state["step"]
 
     def time_step(max_tokens: int) -> float:
         batch = max(1, max_tokens // seq_len) * strategy.num_replicas_in_sync  # per replica → global, as training
         src = tf.random.uniform([batch, seq_len], 4, model_config.src_vocab_size, dtype=tf.int32)
         tgt = tf.random.uniform([batch, seq_len + 1], 4, model_config.tgt_vocab_size, dtype=tf.int32)
         inputs, labels = (src, tgt[:, :-1]), tgt[:, 1:]
-        probe_model = model()
+        run_step = step()
         best = float("inf")
-        for step in range(warmup + timed):
+        for index in range(warmup + timed):
             started = time.perf_counter()
-            probe_model.train_on_batch(inputs, labels)  # returns numpy losses: the step is synced
-            if step >= warmup:
+            run_step(inputs, labels)  # returns the loss: the step has finished
+            if index >= warmup:
                 best = min(best, time.perf_counter() - started)
         return best
 

@@ -41,6 +41,7 @@ from transformer.data.pipeline import length_grid, rows_per_batch
 from transformer.measure.reports import StepTimeReport
 from transformer.training.budget import TrainingClock
 from transformer.training.timing import compiled_step, sync_logs, unwrapped
+from transformer.training.train_step import BATCH_SPEC
 from transformer.training.training_data import update_rows
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 MAX_THREADS = 8  # steps in flight at once (each holds its activations on the device)
 MIN_STEPS_PER_SHAPE = 10  # a shorter run may never meet some shapes: it compiles those it meets, as they come
 WARMUP_TOKEN_ID = 4  # any non-pad id below every vocabulary size: only the shape matters
-BATCH_SPEC = ((tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)),
-              tf.TensorSpec([None, None], tf.int32))  # ((src, tgt_in), tgt_out), as the pipeline's batches
 
 
 @dataclass(frozen=True)
