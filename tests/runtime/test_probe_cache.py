@@ -1,11 +1,13 @@
-"""The bf16 probe's verdict is cached only when it was taken idle: busy rules (CPU share, load
-at start and end), a busy probe taken again (the first idle one, else the least starved,
-decides), re-probing busy or incomplete cache entries, and the reason line that says which
-verdict was used. Probe results are injected, as in tests/runtime/test_precision.py."""
+"""The bf16 probe's verdict is cached only when it was taken idle: busy rules (CPU share, other
+processes' share of the CPUs, else the load at start and end), a busy probe taken again (the
+first idle one, else the least starved, decides), re-probing busy or incomplete cache entries,
+and the reason line that says which verdict was used. Probe results are injected, as in
+tests/runtime/test_precision.py."""
 
 import calendar
 import dataclasses
 import json
+import os
 import time
 
 import pytest
@@ -17,8 +19,8 @@ XEON = DeviceFacts("cpu", "Intel Xeon (avx512_bf16, no AMX)", ("avx512_bf16", "a
 
 
 def result(float32: float, bfloat16: float, cpu_share=0.95, load=0.2, load_end=0.3, cpus=2,
-           taken_at="2026-01-02T03:04:05Z") -> ProbeResult:
-    return ProbeResult(float32, bfloat16, 1024, 0.5, load, cpus, load_end, cpu_share, taken_at)
+           taken_at="2026-01-02T03:04:05Z", others_share=None) -> ProbeResult:
+    return ProbeResult(float32, bfloat16, 1024, 0.5, load, cpus, load_end, cpu_share, taken_at, others_share)
 
 
 IDLE_XEON = result(252.0, 158.0)  # 0.63×: float32
@@ -58,10 +60,33 @@ def no_probe():
     (0.79, None, None, True),  # no load average (an OS without one): the share alone
 ])
 def test_busy_from_cpu_share_and_load_at_both_ends(share, load, load_end, busy):
+    """Where the other processes' share was not measured (no /proc/stat)."""
     probe = result(250.0, 700.0, cpu_share=share, load=load, load_end=load_end)
     assert probe.busy is busy and probe.cacheable is not busy
     assert f"CPU share {share:.0%}" in probe.conditions()
     assert not result(250.0, 700.0, cpu_share=None).cacheable  # what shows it was idle is missing
+
+
+@pytest.mark.parametrize("share, others, load, busy", [
+    (0.93, 0.01, 1.8, False),  # a job on both CPUs just ended: the load average lags, nothing else ran
+    (0.93, 0.01, 0.2, False),  # idle
+    (0.93, 0.45, 0.5, True),  # one busy thread beside the probe, before the load average shows it
+    (0.93, 0.21, 0.2, True),  # just above MAX_OTHERS_SHARE
+    (0.60, 0.01, 0.2, True),  # starved with nothing else on the CPUs (a noisy VM's hypervisor)
+])
+def test_other_processes_share_replaces_the_lagging_load_average(share, others, load, busy):
+    probe = result(250.0, 700.0, cpu_share=share, load=load, load_end=load, others_share=others)
+    assert probe.busy is busy and probe.cacheable is not busy
+    assert f"others {others:.0%}" in probe.conditions()
+
+
+def test_after_a_job_the_first_probe_is_cached():
+    """A benchmark's second cell: the 1-minute load still carries the first. One probe, cached."""
+    just_after = result(130.0, 290.0, cpu_share=0.93, load=1.9, load_end=1.8, others_share=0.02)
+    probe = probes(just_after)
+    decision = decide_precision(facts=XEON, probe=probe)
+    assert probe.calls == 1 and decision.probe_cached is False and decision.mixed_precision == "bfloat16"
+    assert decide_precision(facts=XEON, probe=no_probe).probe == just_after
 
 
 def test_busy_probe_decides_this_run_only(tmp_path):
@@ -92,7 +117,7 @@ def test_a_busy_probe_is_taken_again_and_the_first_idle_one_decides(tmp_path):
 
 
 def test_when_every_probe_is_busy_the_least_starved_decides_uncached(tmp_path):
-    lagging = dict(load=1.8, load_end=1.8)  # the load average of a job that just ended: busy at any share
+    lagging = dict(load=1.8, load_end=1.8)  # without /proc/stat a job that just ended looks busy at any share
     probe = probes(result(130.0, 150.0, cpu_share=0.65, **lagging), result(130.0, 290.0, cpu_share=0.93, **lagging),
                    result(130.0, 140.0, cpu_share=0.70, **lagging), IDLE_XEON)
     decision = decide_precision(facts=XEON, probe=probe)
@@ -128,5 +153,7 @@ def test_real_probe_records_cpu_share_and_both_loads():
     probe = precision.probe_bf16_speedup(size=128, budget_s=0.05)
     assert 0.0 < probe.cpu_share < 2.0 and probe.cpus >= 1
     assert (probe.load is None) == (probe.load_end is None)
+    if os.path.exists("/proc/stat"):
+        assert 0.0 <= probe.others_share < 2.0
     taken = calendar.timegm(time.strptime(probe.taken_at, "%Y-%m-%dT%H:%M:%SZ"))
     assert abs(taken - started) < 60

@@ -42,9 +42,15 @@ probe also records whether it had the CPUs (`ProbeResult.busy`):
 * its CPU share: the process's CPU time during the timed loops ÷ (wall time × matmul
   threads), the direct sign of starvation. On the 2-core AMX Xeon: 0.93-0.97 idle, 0.50
   beside one busy thread. Busy below `MIN_CPU_SHARE` (0.8).
-* the 1-minute load average at its start and end. It lags (it read 0.3 beside that busy
-  thread), so it only adds to the share: busy when either exceeds cpus − 0.5, i.e. about
-  every CPU already had runnable work.
+* the other processes' share of its CPUs during the timed loops (`others_share`, Linux:
+  `/proc/stat`'s busy time of the CPUs this process may use, steal included, less this
+  process's CPU time, ÷ (wall time × those CPUs)). On a 2-core EPYC Zen 4 (2026-12-02):
+  0.00-0.04 idle, 0.41-0.49 beside one busy thread. Busy above `MAX_OTHERS_SHARE` (0.2).
+* where `/proc/stat` cannot be read, the 1-minute load average at its start and end instead:
+  busy when either exceeds cpus − 0.5. It lags both ways: it read 0.3-0.7 beside that busy
+  thread, and it stays above 1.5 for a minute after a job on both CPUs has ended, which made
+  every cell of a benchmark after the first look busy (three probes, nothing cached). It is
+  still recorded.
 
 A busy probe is taken again, up to `BUSY_PROBES` probes in all (about 1 s each), and the
 first one that is not busy decides; when all are busy, the one with the largest CPU share
@@ -86,7 +92,8 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX, x86 AVX-512 BF1
 REPORTED_CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512_fp16", "avx512f", "bf16")
 MIN_BF16_SPEEDUP = 1.5  # bf16/fp32 matmul FLOP/s ratio needed to pick bfloat16 on CPU
 MIN_CPU_SHARE = 0.8  # below: the probe was starved of CPU time (idle 0.93-0.97, one competing thread 0.50)
-LOAD_MARGIN = 0.5  # busy when the 1-minute load average exceeds cpus - LOAD_MARGIN
+MAX_OTHERS_SHARE = 0.2  # above: other processes ran on the probe's CPUs (idle 0.00-0.04, one busy thread 0.41-0.49)
+LOAD_MARGIN = 0.5  # without /proc/stat: busy when the 1-minute load average exceeds cpus - LOAD_MARGIN
 BUSY_PROBES = 3  # probes at most while they come out busy (see the module docstring)
 PROBE_VERSION = 2  # bump when the probe changes: older cache entries are then ignored
 CACHE_ENV = "TRANSFORMER_PRECISION_CACHE"
@@ -120,6 +127,7 @@ class ProbeResult:
     load_end: Optional[float] = None  # 1-minute load average when it ended
     cpu_share: Optional[float] = None  # CPU time ÷ (wall time × matmul threads) over the timed loops
     taken_at: Optional[str] = None  # UTC, ISO 8601
+    others_share: Optional[float] = None  # other processes' CPU time ÷ (wall time × CPUs) over the timed loops
 
     @property
     def speedup(self) -> float:
@@ -129,6 +137,8 @@ class ProbeResult:
     def busy(self) -> bool:
         """Other work competed for the CPUs (see the module docstring): used, never cached."""
         starved = self.cpu_share is not None and self.cpu_share < MIN_CPU_SHARE
+        if self.others_share is not None:  # measured during the probe: the lagging load average is not needed
+            return starved or self.others_share > MAX_OTHERS_SHARE
         loads = [load for load in (self.load, self.load_end) if load is not None]
         loaded = self.cpus is not None and any(load > self.cpus - LOAD_MARGIN for load in loads)
         return starved or loaded
@@ -139,8 +149,10 @@ class ProbeResult:
         return self.cpu_share is not None and self.cpus is not None and not self.busy
 
     def conditions(self) -> str:
-        """What is known of the conditions: 'CPU share 95%, load 0.3→0.4 on 2 CPUs'."""
+        """What is known of the conditions: 'CPU share 95%, others 1%, load 0.3→0.4 on 2 CPUs'."""
         parts = [f"CPU share {self.cpu_share:.0%}"] if self.cpu_share is not None else []
+        if self.others_share is not None:
+            parts.append(f"others {self.others_share:.0%}")
         loads = "→".join(f"{load:.1f}" for load in (self.load, self.load_end) if load is not None)
         if loads:
             parts.append(f"load {loads}" + (f" on {self.cpus} CPUs" if self.cpus else ""))
@@ -239,6 +251,21 @@ def device_facts(device: str) -> DeviceFacts:
 
 # --- the probe and its cache --------------------------------------------------------------
 
+def _busy_cpu_seconds(cpus: set) -> Optional[float]:
+    """Seconds the CPUs `cpus` (indices) have spent busy since boot, steal included (Linux `/proc/stat`), or None."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        ticks = 0
+        for line in lines:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+                ticks += user + nice + system + irq + softirq + steal
+        return ticks / os.sysconf("SC_CLK_TCK") if ticks else None
+    except (OSError, ValueError):
+        return None
+
+
 def _load_average() -> Optional[float]:
     """The 1-minute load average, or None where the OS has none."""
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
@@ -247,7 +274,8 @@ def _load_average() -> Optional[float]:
 def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/CPU:0") -> ProbeResult:
     """Times alternating float32 / bfloat16 matmul chains for about `budget_s`; best of each.
 
-    Also records the load average at start and end and the CPU share of the timed loops.
+    Also records the load average at start and end, and the CPU share of the timed loops and
+    the other processes' share of this process's CPUs during them (see the module docstring).
     """
     import time
 
@@ -256,23 +284,27 @@ def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/
     from transformer.runtime.flops import matmul_chain_timer
 
     load = _load_average()
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cpus = len(allowed)
     threads = min(cpus, tf.config.threading.get_intra_op_parallelism_threads() or cpus)  # 0: one per CPU
     started = time.perf_counter()
     timers = {dtype: matmul_chain_timer(dtype, device, size) for dtype in ("float32", "bfloat16")}
     iters = {dtype: max(1, int(0.03 / max(timed(2) / 2, 1e-6))) for dtype, timed in timers.items()}  # ~30 ms runs
     best = {dtype: float("inf") for dtype in timers}
     rounds = 0
-    loops_started, cpu_started = time.perf_counter(), time.process_time()
+    loops_started, cpu_started, busy_started = time.perf_counter(), time.process_time(), _busy_cpu_seconds(allowed)
     while rounds < 3 or (time.perf_counter() - started < budget_s and rounds < 20):
         for dtype, timed in timers.items():
             best[dtype] = min(best[dtype], timed(iters[dtype]) / iters[dtype])
         rounds += 1
-    cpu_share = (time.process_time() - cpu_started) / ((time.perf_counter() - loops_started) * threads)
+    own, wall, busy_ended = time.process_time() - cpu_started, time.perf_counter() - loops_started, _busy_cpu_seconds(allowed)
+    cpu_share = own / (wall * threads)
+    others = (None if busy_started is None or busy_ended is None
+              else round(max(0.0, (busy_ended - busy_started - own) / (wall * cpus)), 3))
     gflops = {dtype: 2.0 * size**3 / seconds / 1e9 for dtype, seconds in best.items()}
     return ProbeResult(round(gflops["float32"], 1), round(gflops["bfloat16"], 1), size,
                        round(time.perf_counter() - started, 3), load, cpus, _load_average(),
-                       round(cpu_share, 3), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                       round(cpu_share, 3), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), others)
 
 
 def cache_path() -> Path:
