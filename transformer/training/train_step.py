@@ -5,7 +5,8 @@
 `XlaWarmup` trace it that way too). `train_on_batch` instead traces it for the first batch's
 concrete shape, and Keras' einsum then takes another kernel path: on an EPYC Zen 4
 (`avx512_bf16`) the tutorial model's bfloat16 step ran 1.13-1.28× slower that way, the default
-model 1.02× (docs/speed.md). Benchmarks and the `--max-tokens auto` probe time this step instead:
+model 1.02× (docs/speed.md). Benchmarks and the step probes of `--num-layers auto` and
+`--max-tokens auto` (`batch_probe.step_timer`) time this step instead:
 
     step = train_step(model)     # compiled model: builds its optimizer, traces once
     loss = step(inputs, labels)  # ((src, tgt_in), tgt_out) int32 [rows, length]; waits for it
