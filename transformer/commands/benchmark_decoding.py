@@ -34,6 +34,7 @@ from pathlib import Path
 from transformer.base import cli
 from transformer.base.config import DecodeConfig
 from transformer.base.errors import ConfigError, command
+from transformer.runtime.cpu_budget import cpu_budget
 from transformer.runtime.onednn import configure_onednn
 
 ONEDNN_STATE = {True: "on", False: "off", None: "unknown"}  # runtime.onednn.onednn_enabled()
@@ -67,8 +68,9 @@ def main(argv=None) -> int:
                              "repository from the same run), after --ours")
     parser.add_argument("--ct2-compute-types", nargs="+", default=["float32", "int8"],
                         help="CTranslate2 compute types with --compare (default: float32 int8)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                        help="CTranslate2 threads per translation with --compare (default: all cores)")
+    parser.add_argument("--threads", type=int, default=cpu_budget().cpus,
+                        help="CTranslate2 threads per translation with --compare (default: every usable CPU, "
+                             "the affinity mask capped by a cgroup CPU quota)")
     parser.add_argument("--streams", type=int, nargs="+", default=[DecodeConfig().streams],
                         help="with --compare: export each of our engines with each of these DecodeConfig.streams "
                              "(chunks decoded at once); with --streams-probe: the streams compared (default "
@@ -188,7 +190,7 @@ def _machine(tf) -> dict:
     from transformer.runtime.precision import cpu_facts
 
     model, flags = cpu_facts()
-    return {"cpu": model, "cpus": os.cpu_count(), "platform": platform.platform(),
+    return {"cpu": model, "cpus": os.cpu_count(), "cpu_budget": cpu_budget().to_dict(), "platform": platform.platform(),
             "bf16_instructions": sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16")),
             "load_average": [round(x, 2) for x in os.getloadavg()], "tensorflow": tf.__version__,
             "gpus": len(tf.config.list_physical_devices("GPU"))}

@@ -14,6 +14,7 @@ import numpy as np
 import psutil
 
 from transformer.base.allocator import allocator_state
+from transformer.runtime.cpu_budget import cpu_budget
 from transformer.runtime.onednn import onednn_state
 from transformer.runtime.precision import cpu_facts
 
@@ -83,6 +84,7 @@ def capture_environment() -> dict:
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
         "cpu_count_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_budget": cpu_budget().to_dict(),  # the affinity mask capped by a cgroup CPU quota
         "memory_total_bytes": psutil.virtual_memory().total,
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -41,11 +41,13 @@ probe also records whether it had the CPUs (`ProbeResult.busy`):
 
 * its CPU share: the process's CPU time during the timed loops ÷ (wall time × matmul
   threads), the direct sign of starvation. On the 2-core AMX Xeon: 0.93-0.97 idle, 0.50
-  beside one busy thread. Busy below `MIN_CPU_SHARE` (0.8).
+  beside one busy thread. Busy below `MIN_CPU_SHARE` (0.8). The matmul threads are the
+  intra-op pool, at most the CPUs of `runtime.cpu_budget` (a cgroup CPU quota caps them).
 * the other processes' share of its CPUs during the timed loops (`others_share`, Linux:
   `/proc/stat`'s busy time of the CPUs this process may use, steal included, less this
-  process's CPU time, ÷ (wall time × those CPUs)). On a 2-core EPYC Zen 4 (2026-12-02):
-  0.00-0.04 idle, 0.41-0.49 beside one busy thread. Busy above `MAX_OTHERS_SHARE` (0.2).
+  process's CPU time, in CPUs; what the CPUs the matmul threads leave idle cannot hold,
+  ÷ the matmul threads). On a 2-core EPYC Zen 4 (2026-12-02): 0.00-0.04 idle, 0.41-0.49
+  beside one busy thread. Busy above `MAX_OTHERS_SHARE` (0.2).
 * where `/proc/stat` cannot be read, the 1-minute load average at its start and end instead:
   busy when either exceeds cpus − 0.5. It lags both ways: it read 0.3-0.7 beside that busy
   thread, and it stays above 1.5 for a minute after a job on both CPUs has ended, which made
@@ -84,6 +86,7 @@ from typing import Optional
 
 from transformer.base import atomic
 from transformer.base.constants import PRECISION_MODES, PRECISIONS, one_of
+from transformer.runtime.cpu_budget import affinity_cpus, cpu_budget
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ class ProbeResult:
     load_end: Optional[float] = None  # 1-minute load average when it ended
     cpu_share: Optional[float] = None  # CPU time ÷ (wall time × matmul threads) over the timed loops
     taken_at: Optional[str] = None  # UTC, ISO 8601
-    others_share: Optional[float] = None  # other processes' CPU time ÷ (wall time × CPUs) over the timed loops
+    others_share: Optional[float] = None  # other processes' CPUs beyond the idle ones ÷ matmul threads, timed loops
 
     @property
     def speedup(self) -> float:
@@ -266,6 +269,12 @@ def _busy_cpu_seconds(cpus: set) -> Optional[float]:
         return None
 
 
+def _competing_share(others_cpus: float, cpus: int, threads: int) -> float:
+    """Of `others_cpus` CPUs' worth of other work on the `cpus` CPUs, the share of the probe's
+    `threads` it took: only what the CPUs the probe leaves idle (cpus − threads) cannot hold."""
+    return max(0.0, others_cpus - (cpus - threads)) / threads
+
+
 def _load_average() -> Optional[float]:
     """The 1-minute load average, or None where the OS has none."""
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
@@ -284,9 +293,9 @@ def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/
     from transformer.runtime.flops import matmul_chain_timer
 
     load = _load_average()
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    cpus = len(allowed)
-    threads = min(cpus, tf.config.threading.get_intra_op_parallelism_threads() or cpus)  # 0: one per CPU
+    allowed = affinity_cpus()
+    cpus, usable = len(allowed), cpu_budget().cpus  # usable: capped by a cgroup CPU quota
+    threads = min(usable, tf.config.threading.get_intra_op_parallelism_threads() or usable)  # 0: one per CPU
     started = time.perf_counter()
     timers = {dtype: matmul_chain_timer(dtype, device, size) for dtype in ("float32", "bfloat16")}
     iters = {dtype: max(1, int(0.03 / max(timed(2) / 2, 1e-6))) for dtype, timed in timers.items()}  # ~30 ms runs
@@ -300,7 +309,7 @@ def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/
     own, wall, busy_ended = time.process_time() - cpu_started, time.perf_counter() - loops_started, _busy_cpu_seconds(allowed)
     cpu_share = own / (wall * threads)
     others = (None if busy_started is None or busy_ended is None
-              else round(max(0.0, (busy_ended - busy_started - own) / (wall * cpus)), 3))
+              else round(_competing_share((busy_ended - busy_started - own) / wall, cpus, threads), 3))
     gflops = {dtype: 2.0 * size**3 / seconds / 1e9 for dtype, seconds in best.items()}
     return ProbeResult(round(gflops["float32"], 1), round(gflops["bfloat16"], 1), size,
                        round(time.perf_counter() - started, 3), load, cpus, _load_average(),

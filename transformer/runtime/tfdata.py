@@ -21,17 +21,26 @@ same rate as with autotuning on 2 cores), and `prefetch(AUTOTUNE)` buffers still
 demand (that tuner lives inside the prefetch iterator, no thread); `benchmark_pipeline.py`
 measured no loss (docs/speed.md). Options set on the last stage apply to the whole pipeline
 and to the datasets made from it (`take`, `repeat`; `with_options` merges).
+
+Under a cgroup CPU quota below the affinity mask (`runtime.cpu_budget`) tf.data would still
+count the host's cores for `AUTOTUNE` maps and its thread pool; the options then give it a
+private pool of one thread per CPU of the quota, which also bounds those maps.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from transformer.runtime.cpu_budget import cpu_budget
+
 
 def pipeline_options() -> tf.data.Options:
-    """tf.data options with the autotuning model thread off (see the module docstring)."""
+    """tf.data options: the autotuning model thread off; a quota-sized pool (module docstring)."""
     options = tf.data.Options()
     options.autotune.enabled = False
+    budget = cpu_budget()
+    if budget.limited:
+        options.threading.private_threadpool_size = budget.cpus
     return options
 
 

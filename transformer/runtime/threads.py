@@ -12,6 +12,12 @@ So the commands that decode (translate, evaluate, serve and the decoding benchma
 `decoding_threads` unless told otherwise (`--intra-op-threads`, `--inter-op-threads`), or
 unless TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS are set, which always win.
 
+Training keeps TensorFlow's defaults, except in a container whose cgroup CPU quota allows
+fewer CPUs than its affinity mask shows (`runtime.cpu_budget`): TensorFlow would size its
+pools to the host's cores and be throttled, so `training_threads` gives both pools one thread
+per CPU of the quota (1.22× on a 2-core EPYC Zen 4 under a 1-CPU quota). Decoding counts the
+same budget as its cores.
+
 TensorFlow fixes its pools when its runtime starts (the first op, a SavedModel load); a later
 change raises RuntimeError. `configure_threads` then keeps what runs and says so once.
 """
@@ -23,6 +29,8 @@ import os
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+from transformer.runtime.cpu_budget import CpuBudget, cpu_budget
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +63,26 @@ def current_threads() -> Threads:
 
 
 def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, else every CPU)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """CPUs worth a thread each: the affinity mask, capped by a cgroup CPU quota (`cpu_budget`)."""
+    return cpu_budget().cpus
+
+
+def training_threads(budget: CpuBudget | None = None) -> Threads:
+    """Pools for training: TensorFlow's defaults, or one thread per CPU of `budget` in each
+    pool when a cgroup quota caps it below the affinity mask (module docstring)."""
+    budget = budget or cpu_budget()
+    return Threads(intra_op=budget.cpus, inter_op=budget.cpus) if budget.limited else Threads()
+
+
+def configure_training_threads() -> tuple[CpuBudget, Threads]:
+    """(the CPU budget, the pools in effect) after `configure_threads(training_threads())`; logs a capped budget."""
+    budget = cpu_budget()
+    wanted = training_threads(budget)
+    used = configure_threads(wanted)
+    if budget.limited:
+        log.info("CPU budget %s: TensorFlow's pools %s (TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS win)",
+                 budget.describe(), used.describe())
+    return budget, used
 
 
 def decoding_threads(streams: int, cores: int | None = None, *, intra_op: int | None = None,
@@ -71,7 +97,7 @@ def decoding_threads(streams: int, cores: int | None = None, *, intra_op: int | 
     """
     chosen = Threads()
     if streams > 1:
-        cores = cores or os.cpu_count() or 1
+        cores = cores or usable_cores()
         chosen = Threads(intra_op=max(1, cores // streams), inter_op=streams)
     return Threads(chosen.intra_op if intra_op is None else intra_op,
                    chosen.inter_op if inter_op is None else inter_op)

@@ -70,6 +70,7 @@ from transformer.runtime.faults import DivergenceGuard, InterruptHandler
 from transformer.runtime.flops import TransformerDims
 from transformer.runtime.precision import PrecisionDecision, decide_precision
 from transformer.runtime.runlock import RunLock, make_run_dir
+from transformer.runtime.threads import configure_training_threads
 from transformer.runtime.xla_cache import enable_xla_cache, xla_cache_entries
 from transformer.runtime.xla_flags import XLA_FLAGS_ENV, enable_fast_gpu_compile
 from transformer.training.auto_batch import FitJob, fit_with_auto_batch, state_values
@@ -289,6 +290,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
            resuming: bool, report: StepTimeReport, extra_callbacks: tuple,
            interrupts: Optional[InterruptHandler] = None, init: Optional[InitSource] = None) -> TrainResult:
     started = time.perf_counter()
+    _, threads = configure_training_threads()  # before the first TF op: a cgroup CPU quota caps the pools
+    report.run["threads"] = threads.to_dict()  # the budget: environment.cpu_budget
     device = select_device(config.train.device)
     strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
     replicas = int(strategy.num_replicas_in_sync)

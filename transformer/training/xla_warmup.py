@@ -11,7 +11,7 @@ step this callback
      Keras' fast path use (XLA keys a program by the traced function as well as the shapes);
   2. copies every variable a step may change to the host (weights, optimizer moments and step,
      metrics, dropout seed states: `state_variables`);
-  3. calls the step on a dummy batch of every planned shape, from up to min(8, host cores)
+  3. calls the step on a dummy batch of every planned shape, from up to min(8, usable CPUs: `runtime.cpu_budget`)
      threads at once, and waits;
   4. assigns the copies back, so the run trains exactly as it would have without the warm-up.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -39,6 +38,7 @@ from transformer.base.config import RunConfig
 from transformer.data.epoch_plan import PairIds
 from transformer.data.pipeline import length_grid, rows_per_batch
 from transformer.measure.reports import StepTimeReport
+from transformer.runtime.cpu_budget import cpu_budget
 from transformer.training.budget import TrainingClock
 from transformer.training.timing import compiled_step, sync_logs, unwrapped
 from transformer.training.train_step import BATCH_SPEC
@@ -152,8 +152,8 @@ def compile_concurrently(jobs: list[tuple[str, Any, tuple[int, int]]], variables
 
 
 def warmup_threads() -> int:
-    """Programs the warm-up compiles at once on this machine: one per host core, at most `MAX_THREADS`."""
-    return min(MAX_THREADS, os.cpu_count() or 1)
+    """Programs the warm-up compiles at once on this machine: one per usable CPU (`cpu_budget`), at most `MAX_THREADS`."""
+    return min(MAX_THREADS, cpu_budget().cpus)
 
 
 class XlaWarmup(keras.callbacks.Callback):
