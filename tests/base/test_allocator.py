@@ -45,13 +45,13 @@ def test_training_runs_tensorflow_on_the_caching_allocator():
     result = _in_new_process(None)
     assert result["peak"] is not None and result["peak"] >= 256 * 256 * 4  # the BFC allocator counted the tensor
     assert result["state"]["allocator"] == "bfc" and result["state"]["env"] == "true"
-    assert result["state"]["limit_mb"] == allocator.physical_memory_mb()
+    assert result["state"]["limit_mb"] == allocator.memory_budget_mb()[0]
 
 
 def test_a_users_false_keeps_malloc():
     result = _in_new_process("false")
     assert result["peak"] is None  # malloc keeps no statistics
-    assert result["state"] == {"allocator": "malloc", "env": "false", "limit_mb": None}
+    assert result["state"] == {"allocator": "malloc", "env": "false", "limit_mb": None, "limit_from": None}
 
 
 @pytest.mark.parametrize("given, expected", [(None, True), ("true", True), ("1", True), ("TRUE", True),
@@ -59,7 +59,7 @@ def test_a_users_false_keeps_malloc():
 def test_the_variable_is_read_as_tensorflow_reads_it(given, expected):
     environ = {} if given is None else {allocator.USE_BFC_VAR: given}
     assert allocator.use_caching_allocator(environ) is expected
-    assert (allocator.LIMIT_VAR in environ) is (expected and allocator.physical_memory_mb() is not None)
+    assert (allocator.LIMIT_VAR in environ) is (expected and allocator.memory_budget_mb()[0] is not None)
     assert allocator.allocator_state(environ)["allocator"] == ("bfc" if expected else "malloc")
 
 
@@ -67,4 +67,35 @@ def test_a_users_limit_is_kept():
     environ = {allocator.LIMIT_VAR: "512"}
     assert allocator.use_caching_allocator(environ)
     assert environ[allocator.LIMIT_VAR] == "512"
-    assert allocator.allocator_state(environ) == {"allocator": "bfc", "env": "true", "limit_mb": 512}
+    assert allocator.allocator_state(environ) == {"allocator": "bfc", "env": "true", "limit_mb": 512,
+                                                  "limit_from": allocator.LIMIT_VAR}
+
+
+def _memory_cgroup(tmp_path, limit_file: str, text: str, cgroup="0::/\n",
+                   mounts="41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"):
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    (tmp_path / "proc/self/mountinfo").write_text(mounts)
+    (tmp_path / limit_file).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / limit_file).write_text(text)
+    return tmp_path
+
+
+def test_a_containers_memory_limit_caps_the_allocator_with_headroom(tmp_path, monkeypatch):
+    """A 3 GiB container: the cap leaves a quarter (at most 1 GiB) for the rest of the process."""
+    monkeypatch.setattr(allocator, "physical_memory_mb", lambda: 24 * 1024)
+    root = _memory_cgroup(tmp_path, "sys/fs/cgroup/memory.max", str(3 << 30))
+    cap, reason = allocator.memory_budget_mb(root)
+    assert cap == 3072 - 768 and "3,072 MiB of /sys/fs/cgroup/memory.max" in reason
+    root = _memory_cgroup(tmp_path / "big", "sys/fs/cgroup/memory.max", str(16 << 30))
+    assert allocator.memory_budget_mb(root)[0] == 16 * 1024 - 1024           # headroom at most 1 GiB
+    root = _memory_cgroup(tmp_path / "above", "sys/fs/cgroup/memory.max", str(64 << 30))
+    assert allocator.memory_budget_mb(root) == (24 * 1024, "physical memory")  # a limit above the machine
+
+
+@pytest.mark.parametrize("text", ["max\n", "9223372036854771712\n", "garbage\n"])
+def test_no_memory_limit_leaves_physical_memory(tmp_path, monkeypatch, text):
+    monkeypatch.setattr(allocator, "physical_memory_mb", lambda: 2048)
+    v1 = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+    root = _memory_cgroup(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", text, "4:memory:/\n", v1)
+    assert allocator.memory_budget_mb(root) == (2048, "physical memory")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer.runtime.cpu_budget import CpuBudget, cgroup_cpu_quota, cpu_budget, cpu_cgroups
+from transformer.base.cgroups import cgroup_dirs, cpu_quota
+from transformer.runtime.cpu_budget import CpuBudget, cpu_budget
 from transformer.runtime.threads import Threads, training_threads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def test_docker_v1_quota_seen_from_inside_the_container(tmp_path):
     root = _fake_root(tmp_path, "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n0::/\n", V1_CONTAINER,
                       {"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "250000\n",
                        "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
-    assert cgroup_cpu_quota(root) == (2.5, "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
+    assert cpu_quota(root) == (2.5, "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
 
 
 def test_v2_the_tightest_ancestor_wins(tmp_path):
@@ -43,8 +44,8 @@ def test_v2_the_tightest_ancestor_wins(tmp_path):
                       {"sys/fs/cgroup/kubepods/cpu.max": "max 100000\n",
                        "sys/fs/cgroup/kubepods/pod1/cpu.max": "150000 100000\n",
                        "sys/fs/cgroup/kubepods/pod1/ctr/cpu.max": "400000 100000\n"})
-    assert cgroup_cpu_quota(root) == (1.5, "/sys/fs/cgroup/kubepods/pod1/cpu.max")
-    assert [(version, mount.name) for version, mount, _ in cpu_cgroups(root)] == [("v2", "cgroup")]
+    assert cpu_quota(root) == (1.5, "/sys/fs/cgroup/kubepods/pod1/cpu.max")
+    assert [(version, mount.name) for version, mount, _ in cgroup_dirs("cpu", root)] == [("v2", "cgroup")]
 
 
 @pytest.mark.parametrize("files", [
@@ -55,19 +56,19 @@ def test_v2_the_tightest_ancestor_wins(tmp_path):
 ])
 def test_no_quota(tmp_path, files):
     root = _fake_root(tmp_path, "0::/\n", V2_HOST, files)
-    assert cgroup_cpu_quota(root) == (None, None)
+    assert cpu_quota(root) == (None, None)
     assert cpu_budget(root) == CpuBudget(affinity=len(os.sched_getaffinity(0)))
 
 
 def test_without_proc_the_affinity_mask_alone(tmp_path):
-    assert cgroup_cpu_quota(tmp_path) == (None, None)
-    assert cpu_cgroups(tmp_path) == []
+    assert cpu_quota(tmp_path) == (None, None)
+    assert cgroup_dirs("cpu", tmp_path) == []
 
 
 def test_v1_unlimited_quota_is_no_limit(tmp_path):
     root = _fake_root(tmp_path, "1:cpu:/\n", "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
                       {"sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"})
-    assert cgroup_cpu_quota(root) == (None, None)
+    assert cpu_quota(root) == (None, None)
 
 
 @pytest.mark.parametrize("affinity, quota, cpus, limited", [
@@ -111,7 +112,7 @@ def one_cpu_cgroup():
     """A new child of this process's cpu cgroup with a 1-CPU quota; its cgroup.procs file. Skips without one."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs to cap")
-    for version, _, directory in cpu_cgroups():
+    for version, _, directory in cgroup_dirs("cpu"):
         child = directory / f"pytest-quota-{uuid.uuid4().hex[:8]}"
         try:
             child.mkdir()

@@ -558,15 +558,18 @@ def test_auto_batch_halves_the_batch_after_oom_and_finishes(corpus, tmp_path, mo
 
 
 def test_oom_without_auto_batch_or_at_the_floor_is_recorded_and_raised(corpus, tmp_path, monkeypatch):
-    import tensorflow as tf
-
+    from transformer.base.errors import OutOfMemoryError, describe
     from transformer.training.trainer import train
 
     oom = _InjectedOOM(monkeypatch, limit=16)
     for name, extra in (("plain", {}), ("floor", {"auto_batch": True, "auto_batch_floor": 32})):
         config = RunConfig.from_dict(run_config(corpus, tmp_path / name, **extra))
-        with pytest.raises(tf.errors.ResourceExhaustedError):
+        with pytest.raises(OutOfMemoryError) as raised:
             train(config, extra_callbacks=(oom.callback,))
+        message, hint, status = describe(raised.value)  # the command's `error:` and `hint:` lines, no traceback
+        batch = "--max-tokens 32" if name == "floor" else "--max-tokens 64"
+        assert message.startswith(f"out of memory at step 0 with {batch} (OOM when allocating tensor (injected))")
+        assert status == 1 and ("--auto-batch-floor" in hint if name == "floor" else "add --auto-batch" in hint)
         report = json.loads((tmp_path / name / "report.json").read_text())
         assert report["state"] == "crashed" and report["error"]["out_of_memory"]
         retries = report["run"].get("auto_batch_retries", [])

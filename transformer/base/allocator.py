@@ -1,7 +1,7 @@
 """TensorFlow's CPU allocator for training: a caching (BFC) allocator instead of malloc per tensor.
 
     use_caching_allocator()      # a training command, after parsing its flags, before importing TensorFlow
-    allocator_state()            # {"allocator": "bfc", "env": "true", "limit_mb": 24045} for reports
+    allocator_state()            # {"allocator": "bfc", "env": "true", "limit_mb": 24045, "limit_from": …} for reports
 
 By default TensorFlow's CPU device allocates every tensor with the C library's `malloc` and
 frees it after its last use. glibc serves a large block (above a threshold that starts at
@@ -21,7 +21,15 @@ decoding commands and the server keep TensorFlow's default (docs/speed.md, "The 
 
 The variable is TensorFlow's: a user who set it keeps their value (`false`: malloc). The BFC
 allocator's cap (`TF_CPU_BFC_MEM_LIMIT_IN_MB`, TensorFlow's default 64 GiB) is set to the
-machine's physical memory unless the user set it, so it never refuses memory the machine has.
+machine's physical memory unless the user set it, so it never refuses memory the machine has;
+in a container with a memory limit (`docker run --memory`, Kubernetes `limits.memory`;
+`base.cgroups.memory_limit`), to that limit less `min(1 GiB, limit / 4)` for the rest of the
+process. Without that, a batch too big for the container is not an error TensorFlow raises but
+the kernel's OOM killer: SIGKILL, no error line, the report left `running`, nothing for
+`--auto-batch` to catch. Measured on a 2-core AMD EPYC Zen 4, 2026-12-02, README's default model
+at `--max-tokens 32768` in a cgroup v1 of 3 GiB: killed after 108 s (exit 137); with the cap
+(2,304 MiB) TensorFlow raised `ResourceExhaustedError`, and with `--auto-batch` the run went on
+at 16,384 and then 8,192 tokens and finished (docs/reliability.md, "Out of memory in a container").
 TensorFlow reads both when it creates its CPU device (its first op); set later they change
 nothing. `allocator_state` reports the variables as they are (the step-time report's
 `environment.cpu_allocator` adds what TensorFlow runs with, `running`).
@@ -32,6 +40,8 @@ TensorFlow-free at import.
 from __future__ import annotations
 
 import os
+
+from transformer.base.cgroups import memory_limit
 
 USE_BFC_VAR = "TF_CPU_ALLOCATOR_USE_BFC"
 LIMIT_VAR = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
@@ -51,6 +61,23 @@ def physical_memory_mb() -> int | None:
         return None
 
 
+MAX_HEADROOM_MB = 1024  # a container's memory limit keeps min(this, limit / 4) for the process outside the allocator
+
+
+def memory_budget_mb(root="/") -> tuple[int | None, str]:
+    """(MiB the CPU allocator may hold, where that comes from): physical memory, or a cgroup memory limit
+    less headroom for the rest of the process, whichever is smaller; (None, …) where neither is known."""
+    physical = physical_memory_mb()
+    limit, source = memory_limit(root)
+    if limit is None:
+        return physical, "physical memory"
+    limit_mb = limit >> 20
+    cap = limit_mb - min(MAX_HEADROOM_MB, limit_mb // 4)
+    if physical is not None and physical <= cap:
+        return physical, "physical memory"
+    return cap, f"the cgroup memory limit {limit_mb:,} MiB of {source} less {limit_mb - cap:,} MiB"
+
+
 def use_caching_allocator(environ=None) -> bool:
     """Asks TensorFlow (not yet started) for its caching CPU allocator unless the user chose (`TF_CPU_ALLOCATOR_USE_BFC`).
 
@@ -62,17 +89,22 @@ def use_caching_allocator(environ=None) -> bool:
     """
     environ = os.environ if environ is None else environ
     use_bfc = _reads_true(environ.setdefault(USE_BFC_VAR, "true"))
-    memory = physical_memory_mb()
+    memory, _ = memory_budget_mb()
     if use_bfc and memory:
         environ.setdefault(LIMIT_VAR, str(memory))
     return use_bfc
 
 
 def allocator_state(environ=None) -> dict:
-    """For reports: {"allocator": "bfc" or "malloc", "env": the variable or None, "limit_mb": the BFC cap or None}."""
+    """For reports: {"allocator": "bfc" or "malloc", "env": the variable or None, "limit_mb": the BFC cap or None,
+    "limit_from": what set the cap (`memory_budget_mb`'s reason, else the variable's name) or None}."""
     environ = os.environ if environ is None else environ
     value = environ.get(USE_BFC_VAR)
     use_bfc = _reads_true(value)
     limit = environ.get(LIMIT_VAR)
-    return {"allocator": "bfc" if use_bfc else "malloc", "env": value,
-            "limit_mb": int(limit) if use_bfc and limit and limit.isdigit() else None}
+    limit_mb = int(limit) if use_bfc and limit and limit.isdigit() else None
+    limit_from = None
+    if limit_mb is not None:
+        budget, reason = memory_budget_mb()
+        limit_from = reason if limit_mb == budget else LIMIT_VAR
+    return {"allocator": "bfc" if use_bfc else "malloc", "env": value, "limit_mb": limit_mb, "limit_from": limit_from}

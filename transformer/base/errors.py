@@ -7,7 +7,7 @@ filename: unwritable `--output`, a missing `--file`, a full disk) and interrupti
 (Ctrl-C, SIGTERM) end with two lines on stderr and an exit status:
 
     2    bad input or usage (data, config, flags, device, damaged artifact, locked run)
-    1    failure at run time (diverged training, disk full)
+    1    failure at run time (diverged training, out of memory, disk full)
     130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (128 + signal number)
 
 Anything else is a bug: its traceback is printed as Python does (exit status 1). `--debug`
@@ -70,6 +70,13 @@ class ArtifactError(InputError):
 
 class MissingFileError(InputError, FileNotFoundError):
     """A file or directory the command needs is absent; the message names it, the hint rebuilds it."""
+
+
+class OutOfMemoryError(ProjectError, MemoryError):
+    """Training ran out of memory and `--auto-batch` could not (or was not asked to) go smaller (exit 1)."""
+
+    hint = ("add --auto-batch (it halves the batch and restarts from the last checkpoint) or lower --max-tokens "
+            "(--batch-size with --pipeline naive)")
 
 
 class Interrupted(KeyboardInterrupt):

@@ -14,10 +14,9 @@ no AMX), 2026-12-02, in a cgroup v1 with a 1-CPU quota (`cpu.cfs_quota_us` 10000
 real target tokens/s, 8 + 8 threads (as on an 8-core host) 1,303, pools of 1 thread 1,642
 (1.22×) (docs/devices.md, "A container's CPU quota").
 
-`cpu_budget()` reads the quota the way Go's automaxprocs and the JVM do: the process's cgroup
-from `/proc/self/cgroup`, the cgroup file system's mount from `/proc/self/mountinfo` (v2
-`cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`), each level from the process's own
-cgroup up to the mount's root, the smallest limit winning. The budget rounds down (7.6 CPUs of
+`cpu_budget()` reads the quota with `base.cgroups.cpu_quota` (v2 `cpu.max`, v1
+`cpu.cfs_quota_us` / `cpu.cfs_period_us`, the tightest of the process's cgroup and its
+ancestors). The budget rounds down (7.6 CPUs of
 quota → 7 threads; one thread more than the quota can run gets the group throttled), at least 1.
 No cgroup, no quota, another OS: the affinity mask alone, as before. Nothing here imports
 TensorFlow (the precision probe reads it before TensorFlow starts).
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-LIMIT_FILES = {"v2": "cpu.max", "v1": "cpu.cfs_quota_us"}  # v1's period: cpu.cfs_period_us
+from transformer.base.cgroups import cpu_quota
 
 
 @dataclass(frozen=True)
@@ -74,85 +73,5 @@ def affinity_cpus() -> set:
 
 def cpu_budget(root: str | Path = "/") -> CpuBudget:
     """This process's `CpuBudget` (module docstring); `root` prefixes /proc and /sys (tests)."""
-    quota, source = cgroup_cpu_quota(root)
+    quota, source = cpu_quota(root)
     return CpuBudget(affinity=len(affinity_cpus()), quota=quota, quota_file=source)
-
-
-def cgroup_cpu_quota(root: str | Path = "/") -> tuple[Optional[float], Optional[str]]:
-    """(CPUs the cgroup quota allows, the file that says so), or (None, None) without a quota.
-
-    The smallest limit over the process's cgroup and its ancestors up to the mount's root,
-    cgroup v2 and v1's `cpu` controller. Unreadable or malformed files count as no limit.
-    """
-    root = Path(root)
-    found = []
-    for version, mount, directory in cpu_cgroups(root):
-        while True:
-            limit = _read_limit(directory, version)
-            if limit is not None:
-                found.append((limit, str(Path("/") / directory.relative_to(root) / LIMIT_FILES[version])))
-            if directory == mount or directory == directory.parent:
-                break
-            directory = directory.parent
-    if not found:
-        return None, None
-    limit, source = min(found)
-    return round(limit, 3), source
-
-
-def cpu_cgroups(root: str | Path = "/") -> list[tuple[str, Path, Path]]:
-    """(version "v1" | "v2", the mount's directory, this process's cgroup directory under it) for each
-    mounted cgroup hierarchy that may hold a CPU controller; [] where /proc cannot tell."""
-    root = Path(root)
-    try:
-        memberships = (root / "proc/self/cgroup").read_text().splitlines()
-        mounts = (root / "proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    paths_v1, path_v2 = {}, None
-    for line in memberships:  # "0::/path" (v2) or "4:cpu,cpuacct:/path" (v1)
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and not controllers:
-            path_v2 = path
-        for controller in controllers.split(","):
-            paths_v1[controller] = path
-    found = []
-    for line in mounts:  # "36 25 0:30 /root /mount/point rw,... - cgroup2 cgroup2 rw,..."
-        fields, _, tail = line.partition(" - ")
-        fields, tail = fields.split(), tail.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        mount_root, mount_point, fs_type, options = fields[3], fields[4], tail[0], tail[2].split(",")
-        if fs_type == "cgroup2" and path_v2 is not None:
-            version, path = "v2", path_v2
-        elif fs_type == "cgroup" and "cpu" in options and "cpu" in paths_v1:
-            version, path = "v1", paths_v1["cpu"]
-        else:
-            continue
-        mount = root / mount_point.lstrip("/")
-        found.append((version, mount, mount / _below(path, mount_root).lstrip("/")))
-    return found
-
-
-def _below(path: str, mount_root: str) -> str:
-    """`path` relative to a mount of `mount_root` ("/" when the mount shows only a subtree above it)."""
-    if mount_root in ("/", "") or path == mount_root:
-        return "/" if path == mount_root else path
-    return path[len(mount_root):] if path.startswith(mount_root + "/") else "/"
-
-
-def _read_limit(directory: Path, version: str) -> Optional[float]:
-    """CPUs the quota in `directory` allows, or None (no file, no limit, unreadable)."""
-    try:
-        if version == "v2":
-            quota, _, period = (directory / "cpu.max").read_text().strip().partition(" ")
-            if quota == "max":
-                return None
-            quota, period = int(quota), int(period or 100000)
-        else:
-            quota = int((directory / "cpu.cfs_quota_us").read_text().strip())
-            period = int((directory / "cpu.cfs_period_us").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return quota / period if quota > 0 and period > 0 else None

@@ -5,7 +5,8 @@ A `tf.errors.ResourceExhaustedError` during `fit` is recorded in the report; wit
 retries with half the batch — `max_tokens` for the optimized pipeline, `batch_size`
 otherwise — down to `--auto-batch-floor` (default `AUTO_BATCH_FLOOR_TOKENS` /
 `AUTO_BATCH_FLOOR_SENTENCES`); every retry is logged and appended to the report's
-`run.auto_batch_retries`.
+`run.auto_batch_retries`. An OOM it cannot retry ends the command with `error: out of memory at
+step N with --max-tokens M (…)` and a hint (`OutOfMemoryError`), the report marked crashed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from transformer.base.allocator import allocator_state
 from transformer.base.config import PipelineConfig, RunConfig
+from transformer.base.errors import OutOfMemoryError
 from transformer.inference.rundir import RunCheckpoints
 from transformer.measure.reports import StepTimeReport, error_info
 from transformer.training.training_data import epoch_steps, make_datasets
@@ -83,7 +86,7 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
         except tf.errors.ResourceExhaustedError as err:
             smaller = halved_pipeline(config.pipeline, config.train.auto_batch_floor) if config.train.auto_batch else None
             if smaller is None:
-                raise
+                raise out_of_memory(err, config, int(optimizer.iterations.numpy())) from err
             failed_step = int(optimizer.iterations.numpy())
             initial_epoch = _restore_for_retry(job.checkpoints, optimizer, job.model, job.initial_state)
             _record_retry(job.report, err, config.pipeline, smaller, failed_step, int(optimizer.iterations.numpy()))
@@ -92,6 +95,23 @@ def fit_with_auto_batch(job: FitJob, config: RunConfig, initial_epoch: int) -> t
                 steps_per_epoch = epoch_steps(job.corpus, job.tokenizers, config, job.strategy_name, job.replicas,
                                               job.tokenized)
             job.on_retry(config)
+
+
+def out_of_memory(err: tf.errors.ResourceExhaustedError, config: RunConfig, step: int) -> OutOfMemoryError:
+    """The `error:` line for an OOM `fit_with_auto_batch` cannot retry: the step, the batch, TensorFlow's
+    allocation and the CPU allocator's cap (`base.allocator`, a container's memory limit included)."""
+    pipeline = config.pipeline
+    batch = (f"--max-tokens {pipeline.max_tokens}" if pipeline.kind == "optimized" and pipeline.max_tokens is not None
+             else f"--batch-size {pipeline.batch_size}")
+    allocation = next((line.strip() for line in str(err).splitlines() if "OOM when allocating" in line), "")
+    allocation = allocation.split(" on /job:")[0]  # "OOM when allocating tensor with shape[…] and type float"
+    cap = allocator_state()
+    capped = f"; the CPU allocator's cap is {cap['limit_mb']:,} MiB ({cap['limit_from']})" if cap["limit_mb"] else ""
+    message = f"out of memory at step {step} with {batch}" + (f" ({allocation})" if allocation else "") + capped
+    if config.train.auto_batch:
+        return OutOfMemoryError(message + f": --auto-batch is at its floor ({batch})",
+                                "lower --auto-batch-floor, train a smaller model, or give the run more memory")
+    return OutOfMemoryError(message)
 
 
 def halved_pipeline(pipeline: PipelineConfig, floor: Optional[int] = None) -> Optional[PipelineConfig]:
