@@ -99,3 +99,57 @@ def test_no_memory_limit_leaves_physical_memory(tmp_path, monkeypatch, text):
     v1 = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
     root = _memory_cgroup(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", text, "4:memory:/\n", v1)
     assert allocator.memory_budget_mb(root) == (2048, "physical memory")
+
+
+# A real container limit: root with a writable memory controller (cgroup v1, or a delegated v2 subtree).
+TOO_BIG = """
+import json
+from transformer.base.allocator import allocator_state, use_caching_allocator
+use_caching_allocator()
+import tensorflow as tf
+try:
+    with tf.device("CPU:0"):
+        x = tf.zeros([2 << 30 >> 2])  # 2 GiB of float32, above the 1.5 GiB limit
+        tf.reduce_sum(x).numpy()
+    outcome = "allocated"
+except tf.errors.ResourceExhaustedError:
+    outcome = "ResourceExhaustedError"
+print(json.dumps({"outcome": outcome, "state": allocator_state()}))
+"""
+
+
+@pytest.fixture
+def memory_cgroup_1536m():
+    """A new child of this process's memory cgroup limited to 1.5 GiB; its cgroup.procs file. Skips without one."""
+    import uuid
+
+    from transformer.base.cgroups import cgroup_dirs
+
+    for version, _, directory in cgroup_dirs("memory"):
+        child = directory / f"pytest-memory-{uuid.uuid4().hex[:8]}"
+        try:
+            child.mkdir()
+        except OSError:
+            continue
+        try:
+            (child / ("memory.max" if version == "v2" else "memory.limit_in_bytes")).write_text(str(1536 << 20))
+        except OSError:
+            child.rmdir()
+            continue
+        yield child / "cgroup.procs"
+        child.rmdir()
+        return
+    pytest.skip("no writable cgroup memory controller (needs root; cgroup v1, or a delegated v2 subtree)")
+
+
+def test_in_a_memory_limited_cgroup_tensorflow_raises_instead_of_being_killed(memory_cgroup_1536m):
+    """Without the cap TensorFlow would take the 2 GiB from the machine and the kernel would kill it (exit -9)."""
+    env = {k: v for k, v in os.environ.items() if k not in (allocator.USE_BFC_VAR, allocator.LIMIT_VAR)}
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
+    shell = f'echo $$ > "{memory_cgroup_1536m}" && exec "$@"'
+    out = subprocess.run(["sh", "-c", shell, "sh", sys.executable, "-c", TOO_BIG], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "ResourceExhaustedError"
+    assert result["state"]["limit_mb"] == 1536 - 384 and "cgroup memory limit 1,536 MiB" in result["state"]["limit_from"]
