@@ -15,7 +15,7 @@ unless TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS are set, which always win
 Training keeps TensorFlow's defaults, except in a container whose cgroup CPU quota allows
 fewer CPUs than its affinity mask shows (`runtime.cpu_budget`): TensorFlow would size its
 pools to the host's cores and be throttled, so `training_threads` gives both pools one thread
-per CPU of the quota (1.22× on a 2-core EPYC Zen 4 under a 1-CPU quota). Decoding counts the
+per CPU of the quota (a 2-core EPYC Zen 4 under a 1-CPU quota: 1.19× `auto`, 1.22× float32). Decoding counts the
 same budget as its cores.
 
 TensorFlow fixes its pools when its runtime starts (the first op, a SavedModel load); a later
