@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers_cgroup import V2_HOST, child_cgroup, clean_env, fake_cgroup_root, run_in_cgroup
 
 from transformer.base import allocator
 
@@ -71,25 +72,15 @@ def test_a_users_limit_is_kept():
                                                   "limit_from": allocator.LIMIT_VAR}
 
 
-def _memory_cgroup(tmp_path, limit_file: str, text: str, cgroup="0::/\n",
-                   mounts="41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"):
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text(cgroup)
-    (tmp_path / "proc/self/mountinfo").write_text(mounts)
-    (tmp_path / limit_file).parent.mkdir(parents=True, exist_ok=True)
-    (tmp_path / limit_file).write_text(text)
-    return tmp_path
-
-
 def test_a_containers_memory_limit_caps_the_allocator_with_headroom(tmp_path, monkeypatch):
     """A 3 GiB container: the cap leaves a quarter (at most 1 GiB) for the rest of the process."""
     monkeypatch.setattr(allocator, "physical_memory_mb", lambda: 24 * 1024)
-    root = _memory_cgroup(tmp_path, "sys/fs/cgroup/memory.max", str(3 << 30))
+    root = fake_cgroup_root(tmp_path, "0::/\n", V2_HOST, {"sys/fs/cgroup/memory.max": str(3 << 30)})
     cap, reason = allocator.memory_budget_mb(root)
     assert cap == 3072 - 768 and "3,072 MiB of /sys/fs/cgroup/memory.max" in reason
-    root = _memory_cgroup(tmp_path / "big", "sys/fs/cgroup/memory.max", str(16 << 30))
+    root = fake_cgroup_root(tmp_path / "big", "0::/\n", V2_HOST, {"sys/fs/cgroup/memory.max": str(16 << 30)})
     assert allocator.memory_budget_mb(root)[0] == 16 * 1024 - 1024           # headroom at most 1 GiB
-    root = _memory_cgroup(tmp_path / "above", "sys/fs/cgroup/memory.max", str(64 << 30))
+    root = fake_cgroup_root(tmp_path / "above", "0::/\n", V2_HOST, {"sys/fs/cgroup/memory.max": str(64 << 30)})
     assert allocator.memory_budget_mb(root) == (24 * 1024, "physical memory")  # a limit above the machine
 
 
@@ -97,7 +88,7 @@ def test_a_containers_memory_limit_caps_the_allocator_with_headroom(tmp_path, mo
 def test_no_memory_limit_leaves_physical_memory(tmp_path, monkeypatch, text):
     monkeypatch.setattr(allocator, "physical_memory_mb", lambda: 2048)
     v1 = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
-    root = _memory_cgroup(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", text, "4:memory:/\n", v1)
+    root = fake_cgroup_root(tmp_path, "4:memory:/\n", v1, {"sys/fs/cgroup/memory/memory.limit_in_bytes": text})
     assert allocator.memory_budget_mb(root) == (2048, "physical memory")
 
 
@@ -121,34 +112,14 @@ print(json.dumps({"outcome": outcome, "state": allocator_state()}))
 @pytest.fixture
 def memory_cgroup_1536m():
     """A new child of this process's memory cgroup limited to 1.5 GiB; its cgroup.procs file. Skips without one."""
-    import uuid
-
-    from transformer.base.cgroups import cgroup_dirs
-
-    for version, _, directory in cgroup_dirs("memory"):
-        child = directory / f"pytest-memory-{uuid.uuid4().hex[:8]}"
-        try:
-            child.mkdir()
-        except OSError:
-            continue
-        try:
-            (child / ("memory.max" if version == "v2" else "memory.limit_in_bytes")).write_text(str(1536 << 20))
-        except OSError:
-            child.rmdir()
-            continue
-        yield child / "cgroup.procs"
-        child.rmdir()
-        return
-    pytest.skip("no writable cgroup memory controller (needs root; cgroup v1, or a delegated v2 subtree)")
+    limit = str(1536 << 20)
+    yield from child_cgroup("memory", {"v2": {"memory.max": limit}, "v1": {"memory.limit_in_bytes": limit}})
 
 
 def test_in_a_memory_limited_cgroup_tensorflow_raises_instead_of_being_killed(memory_cgroup_1536m):
     """Without the cap TensorFlow would take the 2 GiB from the machine and the kernel would kill it (exit -9)."""
-    env = {k: v for k, v in os.environ.items() if k not in (allocator.USE_BFC_VAR, allocator.LIMIT_VAR)}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
-    shell = f'echo $$ > "{memory_cgroup_1536m}" && exec "$@"'
-    out = subprocess.run(["sh", "-c", shell, "sh", sys.executable, "-c", TOO_BIG], env=env, capture_output=True,
-                         text=True, timeout=300)
+    env = {**clean_env(allocator.USE_BFC_VAR, allocator.LIMIT_VAR), "TF_ENABLE_ONEDNN_OPTS": "0"}
+    out = run_in_cgroup(memory_cgroup_1536m, sys.executable, "-c", TOO_BIG, env=env, timeout=300)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["outcome"] == "ResourceExhaustedError"

@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+from helpers_cgroup import V2_HOST, child_cgroup, clean_env, fake_cgroup_root, run_in_cgroup
 
 from transformer.base.cgroups import cgroup_dirs, cpu_quota
 from transformer.runtime.cpu_budget import CpuBudget, cpu_budget
@@ -16,31 +15,17 @@ from transformer.runtime.threads import Threads, training_threads
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _fake_root(tmp_path, cgroup: str, mountinfo: str, files: dict) -> Path:
-    """A directory standing for `/`: proc/self/{cgroup,mountinfo} and the cgroup files `files` ({path: text})."""
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text(cgroup)
-    (tmp_path / "proc/self/mountinfo").write_text(mountinfo)
-    for path, text in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(text)
-    return tmp_path
-
-
 V1_CONTAINER = "31 23 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
-V2_HOST = "41 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n"
-
-
 def test_docker_v1_quota_seen_from_inside_the_container(tmp_path):
     """Docker on cgroup v1 bind-mounts the container's own cgroup as the mount's root."""
-    root = _fake_root(tmp_path, "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n0::/\n", V1_CONTAINER,
+    root = fake_cgroup_root(tmp_path, "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n0::/\n", V1_CONTAINER,
                       {"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "250000\n",
                        "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
     assert cpu_quota(root) == (2.5, "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
 
 
 def test_v2_the_tightest_ancestor_wins(tmp_path):
-    root = _fake_root(tmp_path, "0::/kubepods/pod1/ctr\n", V2_HOST,
+    root = fake_cgroup_root(tmp_path, "0::/kubepods/pod1/ctr\n", V2_HOST,
                       {"sys/fs/cgroup/kubepods/cpu.max": "max 100000\n",
                        "sys/fs/cgroup/kubepods/pod1/cpu.max": "150000 100000\n",
                        "sys/fs/cgroup/kubepods/pod1/ctr/cpu.max": "400000 100000\n"})
@@ -55,7 +40,7 @@ def test_v2_the_tightest_ancestor_wins(tmp_path):
     {"sys/fs/cgroup/cpu.max": "-5 100000\n"},
 ])
 def test_no_quota(tmp_path, files):
-    root = _fake_root(tmp_path, "0::/\n", V2_HOST, files)
+    root = fake_cgroup_root(tmp_path, "0::/\n", V2_HOST, files)
     assert cpu_quota(root) == (None, None)
     assert cpu_budget(root) == CpuBudget(affinity=len(os.sched_getaffinity(0)))
 
@@ -66,7 +51,7 @@ def test_without_proc_the_affinity_mask_alone(tmp_path):
 
 
 def test_v1_unlimited_quota_is_no_limit(tmp_path):
-    root = _fake_root(tmp_path, "1:cpu:/\n", "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
+    root = fake_cgroup_root(tmp_path, "1:cpu:/\n", "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
                       {"sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"})
     assert cpu_quota(root) == (None, None)
 
@@ -112,41 +97,17 @@ def one_cpu_cgroup():
     """A new child of this process's cpu cgroup with a 1-CPU quota; its cgroup.procs file. Skips without one."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs to cap")
-    for version, _, directory in cgroup_dirs("cpu"):
-        child = directory / f"pytest-quota-{uuid.uuid4().hex[:8]}"
-        try:
-            child.mkdir()
-        except OSError:
-            continue
-        try:
-            if version == "v2":
-                (child / "cpu.max").write_text("100000 100000")
-            else:
-                (child / "cpu.cfs_period_us").write_text("100000")
-                (child / "cpu.cfs_quota_us").write_text("100000")
-        except OSError:
-            child.rmdir()
-            continue
-        yield child / "cgroup.procs"
-        child.rmdir()  # its processes have exited
-        return
-    pytest.skip("no writable cgroup cpu controller (needs root; cgroup v1, or a delegated v2 subtree)")
-
-
-def _in_cgroup(procs: Path, *command: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    shell = f'echo $$ > "{procs}" && exec "$@"'
-    return subprocess.run(["sh", "-c", shell, "sh", *command], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    yield from child_cgroup("cpu", {"v2": {"cpu.max": "100000 100000"},
+                                    "v1": {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}})
 
 
 def test_a_training_in_a_one_cpu_cgroup_sizes_its_pools_to_it(one_cpu_cgroup, bible_tokenizers, tmp_path):
     from conftest import tiny_train_argv
 
     run = tmp_path / "run"
-    result = _in_cgroup(one_cpu_cgroup, sys.executable, "scripts/train.py",
-                        *tiny_train_argv(bible_tokenizers, run, steps=2), timeout=300)
+    result = run_in_cgroup(one_cpu_cgroup, sys.executable, "scripts/train.py",
+                           *tiny_train_argv(bible_tokenizers, run, steps=2), cwd=REPO, timeout=300,
+                           env=clean_env("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((run / "report.json").read_text())
     assert report["environment"]["cpu_budget"]["quota"] == 1.0

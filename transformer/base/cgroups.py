@@ -17,16 +17,18 @@ from pathlib import Path
 from typing import Callable, Optional
 
 UNLIMITED_BYTES = 1 << 60  # v1 writes "no limit" as the largest page-aligned int64 (9223372036854771712)
+LIMIT_FILES = {"cpu": {"v2": "cpu.max", "v1": "cpu.cfs_quota_us"},  # v1's period: cpu.cfs_period_us
+               "memory": {"v2": "memory.max", "v1": "memory.limit_in_bytes"}}
 
 
 def cpu_quota(root: str | Path = "/") -> tuple[Optional[float], Optional[str]]:
     """(CPUs of CPU time per period the tightest quota allows, its file), or (None, None)."""
-    return _tightest("cpu", _read_cpu_quota, root, {"v2": "cpu.max", "v1": "cpu.cfs_quota_us"}, digits=3)
+    return _tightest("cpu", _read_cpu_quota, root, digits=3)
 
 
 def memory_limit(root: str | Path = "/") -> tuple[Optional[int], Optional[str]]:
     """(bytes the tightest memory limit allows, its file), or (None, None)."""
-    return _tightest("memory", _read_memory_limit, root, {"v2": "memory.max", "v1": "memory.limit_in_bytes"})
+    return _tightest("memory", _read_memory_limit, root)
 
 
 def cgroup_dirs(controller: str, root: str | Path = "/") -> list[tuple[str, Path, Path]]:
@@ -64,7 +66,7 @@ def cgroup_dirs(controller: str, root: str | Path = "/") -> list[tuple[str, Path
     return found
 
 
-def _tightest(controller: str, read: Callable, root, files: dict, digits: Optional[int] = None):
+def _tightest(controller: str, read: Callable, root, digits: Optional[int] = None):
     """The smallest `read(directory, version)` over the process's cgroups and their ancestors, with its file."""
     root = Path(root)
     found = []
@@ -72,7 +74,7 @@ def _tightest(controller: str, read: Callable, root, files: dict, digits: Option
         while True:
             limit = read(directory, version)
             if limit is not None:
-                found.append((limit, str(Path("/") / directory.relative_to(root) / files[version])))
+                found.append((limit, str(Path("/") / directory.relative_to(root) / LIMIT_FILES[controller][version])))
             if directory == mount or directory == directory.parent:
                 break
             directory = directory.parent
@@ -100,12 +102,12 @@ def _read_cpu_quota(directory: Path, version: str) -> Optional[float]:
     """CPUs the quota in `directory` allows, or None (no file, no limit, unreadable)."""
     try:
         if version == "v2":
-            quota, _, period = (_read_text(directory / "cpu.max") or "max").partition(" ")
+            quota, _, period = (_read_text(directory / LIMIT_FILES["cpu"]["v2"]) or "max").partition(" ")
             if quota == "max":
                 return None
             quota, period = int(quota), int(period or 100000)
         else:
-            quota = int(_read_text(directory / "cpu.cfs_quota_us") or "-1")
+            quota = int(_read_text(directory / LIMIT_FILES["cpu"]["v1"]) or "-1")
             period = int(_read_text(directory / "cpu.cfs_period_us") or "0")
     except ValueError:
         return None
@@ -114,7 +116,7 @@ def _read_cpu_quota(directory: Path, version: str) -> Optional[float]:
 
 def _read_memory_limit(directory: Path, version: str) -> Optional[int]:
     """Bytes the memory limit in `directory` allows, or None (no file, no limit, unreadable)."""
-    text = _read_text(directory / ("memory.max" if version == "v2" else "memory.limit_in_bytes"))
+    text = _read_text(directory / LIMIT_FILES["memory"][version])
     try:
         limit = int(text) if text not in (None, "max") else None
     except ValueError:

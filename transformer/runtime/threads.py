@@ -74,15 +74,14 @@ def training_threads(budget: CpuBudget | None = None) -> Threads:
     return Threads(intra_op=budget.cpus, inter_op=budget.cpus) if budget.limited else Threads()
 
 
-def configure_training_threads() -> tuple[CpuBudget, Threads]:
-    """(the CPU budget, the pools in effect) after `configure_threads(training_threads())`; logs a capped budget."""
+def configure_training_threads() -> Threads:
+    """The pools in effect after `configure_threads(training_threads())`; logs a capped budget."""
     budget = cpu_budget()
-    wanted = training_threads(budget)
-    used = configure_threads(wanted)
+    used = configure_threads(training_threads(budget))
     if budget.limited:
         log.info("CPU budget %s: TensorFlow's pools %s (TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS win)",
                  budget.describe(), used.describe())
-    return budget, used
+    return used
 
 
 def decoding_threads(streams: int, cores: int | None = None, *, intra_op: int | None = None,

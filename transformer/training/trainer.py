@@ -290,7 +290,7 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
            resuming: bool, report: StepTimeReport, extra_callbacks: tuple,
            interrupts: Optional[InterruptHandler] = None, init: Optional[InitSource] = None) -> TrainResult:
     started = time.perf_counter()
-    _, threads = configure_training_threads()  # before the first TF op: a cgroup CPU quota caps the pools
+    threads = configure_training_threads()  # before the first TF op: a cgroup CPU quota caps the pools
     report.run["threads"] = threads.to_dict()  # the budget: environment.cpu_budget
     device = select_device(config.train.device)
     strategy = distribute.make_strategy(strategy_name, device)  # before the first TF op
