@@ -148,6 +148,22 @@ def test_entries_of_the_previous_probe_version_are_not_read(monkeypatch):
     assert precision.cache_key(XEON) != key
 
 
+def test_a_cpu_quota_gets_its_own_cache_entry(monkeypatch, tmp_path):
+    """A probe cached on the whole machine does not decide a container limited to fewer CPUs."""
+    from transformer.runtime.cpu_budget import CpuBudget
+
+    monkeypatch.setattr(precision, "cpu_budget", lambda: CpuBudget(affinity=2))
+    whole = precision.cache_key(XEON)
+    monkeypatch.setattr(precision, "cpu_budget", lambda: CpuBudget(affinity=2, quota=1.0, quota_file="cpu.max"))
+    assert precision.cache_key(XEON) != whole
+    path = tmp_path / "precision.json"
+    path.write_text(json.dumps({whole: {"cpu_model": XEON.cpu_model, "probe": dataclasses.asdict(IDLE_XEON)}}))
+    probe = probes(IDLE_XEON)
+    decision = decide_precision(facts=XEON, probe=probe)
+    assert probe.calls == 1 and decision.probe_cached is False
+    assert set(json.loads(path.read_text())) == {whole, precision.cache_key(XEON)}
+
+
 def test_real_probe_records_cpu_share_and_both_loads():
     started = time.time()
     probe = precision.probe_bf16_speedup(size=128, budget_s=0.05)

@@ -62,7 +62,8 @@ at shares 68-93%, measured 1.9-2.3×.
 
 Erring towards "busy" only costs a re-probe at the next run; a busy verdict kept would decide
 every later run. A result is cached only when it is not busy and has these fields, in a JSON
-file keyed by CPU model + CPU flags + TensorFlow version + device + `PROBE_VERSION`:
+file keyed by CPU model + CPU flags + TensorFlow version + device + `PROBE_VERSION` + the CPU
+budget (`runtime.cpu_budget`: the affinity mask capped by a cgroup quota):
 `$TRANSFORMER_PRECISION_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/precision.json`
 (default `~/.cache/...`); a cached entry that is busy or lacks the fields is probed again.
 The decision's reason says whether the figures are fresh or cached, with the conditions they
@@ -325,11 +326,15 @@ def cache_path() -> Path:
 
 
 def cache_key(facts: DeviceFacts) -> str:
-    """Identifies the machine for the cache: CPU model + flags + TensorFlow version + device."""
+    """Identifies the machine for the cache: CPU model + flags + TensorFlow version + device + the
+    CPUs the probe's threads may use (a container with a quota of 1 CPU on a 2-core host gets
+    its own entry: the probe measures what its matmul threads reach there)."""
     import tensorflow as tf
 
     fields = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "tensorflow": tf.__version__,
               "device": facts.device, "probe_version": PROBE_VERSION}
+    if facts.device == "cpu":
+        fields["cpus"] = cpu_budget().cpus
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
