@@ -4,7 +4,7 @@
 import pytest
 from conftest import script_main, write_report
 
-from transformer.measure.compare import compare, load_runs, speedups, verdict
+from transformer.measure.compare import compare, device_label, load_runs, speedups, verdict
 
 
 @pytest.fixture
@@ -71,3 +71,13 @@ def test_cli_prints_table_and_reports_errors(two_reports, tmp_path, capsys):
     missing = str(tmp_path / "nope.json")
     assert main([str(two_reports[0]), missing]) == 2
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_the_device_column_tells_apart_cpus_that_share_a_model_name():
+    zen4 = {"device": "CPU", "cpu_model": "AMD EPYC", "cpu_id": "family 25 model 17 stepping 1",
+            "cpu_budget": {"cpus": 2}}
+    zen5 = {**zen4, "cpu_id": "family 26 model 2 stepping 1", "cpu_budget": {"cpus": 1}}
+    assert device_label(zen4) == "AMD EPYC (family 25 model 17 stepping 1), 2 CPUs"
+    assert device_label(zen5) == "AMD EPYC (family 26 model 2 stepping 1), 1 CPU"
+    assert device_label({"device": "NVIDIA H100 80GB HBM3", "cpu_model": "AMD EPYC"}) == "NVIDIA H100 80GB HBM3"
+    assert device_label({"device": "CPU"}) == "CPU"  # a report written before the CPU was recorded

@@ -79,6 +79,8 @@ def test_capture_environment_names_versions_and_device():
         assert env[key], key
     assert "hostname" in env
     assert "nvidia_smi" in env
+    if "cpu family" in open("/proc/cpuinfo").read():  # x86 Linux: the CPU's identity beside its model name
+        assert env["cpu_id"].startswith("family ") and " model " in env["cpu_id"]
 
 
 def test_capture_environment_before_the_first_op_leaves_tensorflow_unstarted():

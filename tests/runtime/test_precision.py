@@ -16,13 +16,20 @@ from transformer.runtime import precision
 from transformer.runtime.precision import DeviceFacts, ProbeResult, decide_precision
 
 X86_CPUINFO = """processor\t: 0
+cpu family\t: 6
+model\t\t: 143
 model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+stepping\t: 8
 flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8
 processor\t: 1
+cpu family\t: 6
+model\t\t: 207
 model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+stepping\t: 2
 flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8
 """
-ARM_CPUINFO = "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd sve bf16 i8mm\n"
+ARM_CPUINFO = ("processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd sve bf16 i8mm\nCPU implementer\t: 0x41\n"
+               "CPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\nCPU revision\t: 1\n")
 
 NO_BF16 = DeviceFacts("cpu", "Intel Xeon @ 2.80GHz", ("avx512f",))
 AVX512_BF16 = DeviceFacts("cpu", "AMD EPYC", ("avx512_bf16", "avx512f"))
@@ -60,6 +67,12 @@ def test_cpuinfo_flags_and_model_are_read_on_x86_and_arm():
     assert DeviceFacts("cpu", model, flags).bf16_flags == ("amx_bf16", "avx512_bf16")
     assert precision.parse_cpuinfo(ARM_CPUINFO) == ("", ("bf16",))
     assert precision.parse_cpuinfo("flags : fpu sse2 avx2\n") == ("", ())
+
+
+def test_cpu_identity_is_the_first_cpus_family_model_and_stepping():
+    assert precision.parse_cpu_id(X86_CPUINFO) == "family 6 model 143 stepping 8"  # not the second CPU's
+    assert precision.parse_cpu_id(ARM_CPUINFO) == "implementer 0x41 part 0xd40 variant 0x1"
+    assert precision.parse_cpu_id("flags : fpu sse2 avx2\n") == ""
 
 
 def test_cpu_without_bf16_instructions_is_float32_without_probing():

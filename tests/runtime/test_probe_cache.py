@@ -148,6 +148,14 @@ def test_entries_of_the_previous_probe_version_are_not_read(monkeypatch):
     assert precision.cache_key(XEON) != key
 
 
+def test_cpus_of_one_model_name_and_flags_get_their_own_entries():
+    """A cloud VM's 'AMD EPYC' with avx512_bf16 is a Zen 4 or a Zen 5: a home directory shared
+    by both must not let one's probe decide for the other."""
+    zen4 = DeviceFacts("cpu", "AMD EPYC", ("avx512_bf16", "avx512f"), "family 25 model 17 stepping 1")
+    zen5 = dataclasses.replace(zen4, cpu_id="family 26 model 2 stepping 1")
+    assert precision.cache_key(zen4) != precision.cache_key(zen5)
+
+
 def test_a_cpu_quota_gets_its_own_cache_entry(monkeypatch, tmp_path):
     """A probe cached on the whole machine does not decide a container limited to fewer CPUs."""
     from transformer.runtime.cpu_budget import CpuBudget

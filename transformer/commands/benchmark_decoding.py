@@ -187,10 +187,11 @@ def _timed_dtype(args) -> str:
 
 
 def _machine(tf) -> dict:
-    from transformer.runtime.precision import cpu_facts
+    from transformer.runtime.precision import cpu_facts, cpu_id
 
     model, flags = cpu_facts()
-    return {"cpu": model, "cpus": os.cpu_count(), "cpu_budget": cpu_budget().to_dict(), "platform": platform.platform(),
+    return {"cpu": model, "cpu_id": cpu_id(), "cpus": os.cpu_count(), "cpu_budget": cpu_budget().to_dict(),
+            "platform": platform.platform(),
             "bf16_instructions": sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16")),
             "load_average": [round(x, 2) for x in os.getloadavg()], "tensorflow": tf.__version__,
             "gpus": len(tf.config.list_physical_devices("GPU"))}
@@ -345,7 +346,9 @@ def _compare(args, argv) -> int:
     save_report(report, output)
     print(report["table"])
     machine = report["machine"]
-    print(f"{machine['cpu']} ({', '.join(machine['bf16_instructions']) or 'no BF16 instructions'}), "
+    identity = ", ".join(filter(None, [machine.get("cpu_id"), ", ".join(machine["bf16_instructions"])
+                                       or "no BF16 instructions"]))
+    print(f"{machine['cpu']} ({identity}), "
           f"TensorFlow's oneDNN ops {ONEDNN_STATE[report['onednn']['enabled']]}, load average {machine['load_average']}")
     print(f"report: {output}")
     return 0

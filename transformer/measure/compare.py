@@ -11,7 +11,8 @@ time was spent waiting for the next batch, else "compute-bound".
 The last two columns say what a run achieved: target tokens trained on (`tokens_seen`) and
 the best validation BLEU logged during training (`evaluations`, see validation_bleu.py).
 
-The run columns come from the report's `run` dict keys `label`, `precision`, `xla`,
+The device column names the GPU, or the CPU with its identity (`device_label`). The run
+columns come from the report's `run` dict keys `label`, `precision`, `xla`,
 `pipeline` and `batching` (missing ones show as "—"); the label falls back to the file name.
 """
 
@@ -98,12 +99,24 @@ def _fmt_times(ratio: Optional[float]) -> str:
     return MISSING if ratio is None else f"{ratio:.2f}x"
 
 
+def device_label(environment: dict) -> str:
+    """The machine a report ran on: a GPU's name, or the CPU named by model, identity and
+    usable CPUs ('AMD EPYC (family 25 model 17 stepping 1), 2 CPUs'), since cloud VMs give
+    CPU generations of different speed one model name."""
+    device = environment.get("device")
+    if device != "CPU" or not environment.get("cpu_model"):
+        return _fmt(device)
+    cpus = (environment.get("cpu_budget") or {}).get("cpus") or environment.get("cpu_count_usable")
+    identity = f" ({environment['cpu_id']})" if environment.get("cpu_id") else ""
+    return f"{environment['cpu_model']}{identity}" + (f", {cpus} CPU{'s' * (cpus != 1)}" if cpus else "")
+
+
 def _row(run: Run, base: Run, threshold_pct: float) -> list[str]:
     info, summary = run.report["run"], run.summary
     by_tokens, by_step = speedups(run, base)
     return [
         run.label,
-        _fmt(run.report["environment"].get("device")),
+        device_label(run.report["environment"]),
         _fmt(info.get("precision")),
         _fmt(info.get("xla")),
         _fmt(info.get("pipeline")),

@@ -16,7 +16,7 @@ import psutil
 from transformer.base.allocator import allocator_state
 from transformer.runtime.cpu_budget import cpu_budget
 from transformer.runtime.onednn import onednn_state
-from transformer.runtime.precision import cpu_facts
+from transformer.runtime.precision import cpu_facts, cpu_id
 
 
 def _package_version(name: str) -> Optional[str]:
@@ -81,6 +81,7 @@ def capture_environment() -> dict:
         "cuda_build": build.get("cuda_version"),
         "cudnn_build": build.get("cudnn_version"),
         "cpu_model": cpu_facts()[0],
+        "cpu_id": cpu_id(),  # x86 family/model/stepping: what tells apart CPUs with one model name
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
         "cpu_count_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -62,7 +62,8 @@ at shares 68-93%, measured 1.9-2.3×.
 
 Erring towards "busy" only costs a re-probe at the next run; a busy verdict kept would decide
 every later run. A result is cached only when it is not busy and has these fields, in a JSON
-file keyed by CPU model + CPU flags + TensorFlow version + device + `PROBE_VERSION` + the CPU
+file keyed by CPU model + identity (x86 family/model/stepping: a cloud VM's "AMD EPYC"
+names Zen 3, 4 and 5 alike) + CPU flags + TensorFlow version + device + `PROBE_VERSION` + the CPU
 budget (`runtime.cpu_budget`: the affinity mask capped by a cgroup quota):
 `$TRANSFORMER_PRECISION_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/precision.json`
 (default `~/.cache/...`); a cached entry that is busy or lacks the fields is probed again.
@@ -111,6 +112,7 @@ class DeviceFacts:
     device: str  # "cpu" | "gpu" | "tpu"
     cpu_model: str = ""
     cpu_flags: tuple = ()  # the REPORTED_CPU_FLAGS the CPU has, sorted
+    cpu_id: str = ""  # family / model / stepping (x86) or implementer / part / variant (Arm): `parse_cpu_id`
     gpu_capability: Optional[tuple] = None  # lowest (major, minor) over the visible GPUs
 
     @property
@@ -225,6 +227,32 @@ def parse_cpuinfo(text: str) -> tuple[str, tuple]:
     return model, tuple(sorted(flag for flag in REPORTED_CPU_FLAGS if flag in flags))
 
 
+CPU_ID_FIELDS = (("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),  # x86
+                 ("cpu implementer", "implementer"), ("cpu part", "part"), ("cpu variant", "variant"))  # Arm
+
+
+def parse_cpu_id(text: str) -> str:
+    """The first CPU's identity from /proc/cpuinfo text: 'family 25 model 17 stepping 1' on x86,
+    'implementer 0x41 part 0xd4f variant 0x0' on Arm; '' where none is given. Cloud VMs often
+    show a generic model name ('AMD EPYC') for CPU generations that differ in speed."""
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "processor" and fields:
+            break  # the first CPU's block only
+        fields.setdefault(key, value.strip())
+    return " ".join(f"{name} {fields[key]}" for key, name in CPU_ID_FIELDS if fields.get(key))
+
+
+def cpu_id() -> str:
+    """This machine's `parse_cpu_id`; '' where /proc/cpuinfo is absent."""
+    try:
+        return parse_cpu_id(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return ""
+
+
 def cpu_facts() -> tuple[str, tuple]:
     """This machine's (CPU model, relevant flags); flags are empty where /proc/cpuinfo is absent."""
     try:
@@ -249,7 +277,7 @@ def gpu_capability() -> Optional[tuple]:
 def device_facts(device: str) -> DeviceFacts:
     """Facts for `device` ("cpu" or "gpu", as returned by `devices.select_device`)."""
     model, flags = cpu_facts()
-    return DeviceFacts(device=device, cpu_model=model, cpu_flags=flags,
+    return DeviceFacts(device=device, cpu_model=model, cpu_flags=flags, cpu_id=cpu_id(),
                        gpu_capability=gpu_capability() if device == "gpu" else None)
 
 
@@ -326,13 +354,13 @@ def cache_path() -> Path:
 
 
 def cache_key(facts: DeviceFacts) -> str:
-    """Identifies the machine for the cache: CPU model + flags + TensorFlow version + device + the
-    CPUs the probe's threads may use (a container with a quota of 1 CPU on a 2-core host gets
-    its own entry: the probe measures what its matmul threads reach there)."""
+    """Identifies the machine for the cache: CPU model + identity + flags + TensorFlow version +
+    device + the CPUs the probe's threads may use (a container with a quota of 1 CPU on a
+    2-core host gets its own entry: the probe measures what its matmul threads reach there)."""
     import tensorflow as tf
 
-    fields = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "tensorflow": tf.__version__,
-              "device": facts.device, "probe_version": PROBE_VERSION}
+    fields = {"cpu_model": facts.cpu_model, "cpu_id": facts.cpu_id, "cpu_flags": list(facts.cpu_flags),
+              "tensorflow": tf.__version__, "device": facts.device, "probe_version": PROBE_VERSION}
     if facts.device == "cpu":
         fields["cpus"] = cpu_budget().cpus
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -394,8 +422,8 @@ def cached_probe(facts: DeviceFacts, probe=probe_bf16_speedup) -> tuple[Optional
         log.info("bf16 probe %s (%s): not cached", "taken on a busy machine" if result.busy else "without a CPU share",
                  result.conditions())
         return result, False
-    entries[key] = {"cpu_model": facts.cpu_model, "cpu_flags": list(facts.cpu_flags), "device": facts.device,
-                    "probe": dataclasses.asdict(result)}
+    entries[key] = {"cpu_model": facts.cpu_model, "cpu_id": facts.cpu_id, "cpu_flags": list(facts.cpu_flags),
+                    "device": facts.device, "probe": dataclasses.asdict(result)}
     try:
         atomic.write_json(path, entries, sort_keys=True)
     except OSError as err:
