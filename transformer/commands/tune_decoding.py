@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     from transformer.inference.evaluation import save_report, score
     from transformer.inference.export import export_translator, load_exported
     from transformer.inference.rundir import translator_from_run
+    from transformer.runtime.precision import cpu_facts, cpu_id
 
     sources, references = load_split(data_dir=args.data, split=args.split, limit=args.limit)
     translator = translator_from_run(args.run, DecodeConfig(jit_compile=args.xla), args.checkpoint)
@@ -92,7 +93,7 @@ def main(argv=None) -> int:
         "num_sentences": len(sources), "bleu_on": "all sentences" if args.grid else "the timed sentences",
         "speed_sentences": min(len(sources), args.speed_sentences), "xla": args.xla, "started": started, "finished": wall_clock(),
         "command": "python scripts/tune_decoding.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_model(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": cpu_facts()[0], "cpu_id": cpu_id(),
                     "tensorflow": tf.__version__, "load_average": os.getloadavg()},
         "quality_grid": grid, "speed": summary,
         "speed_detail": {name: {k: v for k, v in entry.items() if k != "translations"} for name, entry in speed.items()},
@@ -104,16 +105,6 @@ def main(argv=None) -> int:
               f"{row['sentences_per_s']:7.2f} sentences/s = {row['fraction_of_greedy']:.2f} x greedy")
     print(f"report: {output}")
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":
