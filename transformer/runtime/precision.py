@@ -447,7 +447,7 @@ def _auto_gpu(facts: DeviceFacts) -> tuple[str, str]:
 
 
 def _auto_cpu(facts: DeviceFacts, probe) -> tuple[str, str, Optional[ProbeResult], Optional[bool]]:
-    cpu = facts.cpu_model or "CPU"
+    cpu = (facts.cpu_model or "CPU") + (f" ({facts.cpu_id})" if facts.cpu_id else "")
     if not facts.bf16_flags:
         return "off", f"{cpu} has no BF16 instructions ({'/'.join(BF16_CPU_FLAGS)}) → float32", None, None
     flags = "+".join(facts.bf16_flags)
