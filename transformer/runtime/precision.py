@@ -245,20 +245,22 @@ def parse_cpu_id(text: str) -> str:
     return " ".join(f"{name} {fields[key]}" for key, name in CPU_ID_FIELDS if fields.get(key))
 
 
-def cpu_id() -> str:
-    """This machine's `parse_cpu_id`; '' where /proc/cpuinfo is absent."""
+def cpuinfo_text() -> str:
+    """/proc/cpuinfo's text; '' where it cannot be read (not Linux)."""
     try:
-        return parse_cpu_id(Path("/proc/cpuinfo").read_text(errors="replace"))
+        return Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return ""
 
 
+def cpu_id() -> str:
+    """This machine's `parse_cpu_id`; '' where /proc/cpuinfo is absent."""
+    return parse_cpu_id(cpuinfo_text())
+
+
 def cpu_facts() -> tuple[str, tuple]:
     """This machine's (CPU model, relevant flags); flags are empty where /proc/cpuinfo is absent."""
-    try:
-        model, flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
-    except OSError:
-        model, flags = "", ()
+    model, flags = parse_cpuinfo(cpuinfo_text())
     return model or platform.processor() or platform.machine(), flags
 
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from transformer.runtime.precision import cpu_facts
+from transformer.runtime.precision import cpu_facts, cpuinfo_text
 
 XLA_CACHE_ENV = "TRANSFORMER_XLA_CACHE"
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
@@ -34,13 +34,10 @@ def machine_key() -> str:
     import tensorflow as tf
 
     flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.split(":")[0].strip().lower() in ("flags", "features"):
-                flags = " ".join(sorted(line.partition(":")[2].split()))
-                break
-    except OSError:
-        pass
+    for line in cpuinfo_text().splitlines():
+        if line.split(":")[0].strip().lower() in ("flags", "features"):
+            flags = " ".join(sorted(line.partition(":")[2].split()))
+            break
     fields = {"cpu_model": cpu_facts()[0], "cpu_flags": flags, "tensorflow": tf.__version__, "gpus": _gpu_names()}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
