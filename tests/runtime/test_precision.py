@@ -82,6 +82,14 @@ def test_cpu_without_bf16_instructions_is_float32_without_probing():
     assert decision.probe_cached is None
 
 
+def test_the_decision_names_the_cpu_with_its_identity():
+    zen4 = DeviceFacts("cpu", "AMD EPYC", ("avx512_bf16", "avx512f"), "family 25 model 17 stepping 1")
+    decision = decide_precision(facts=zen4, probe=probe_returning(FAST))
+    assert decision.reason.startswith("AMD EPYC (family 25 model 17 stepping 1) has avx512_bf16")
+    assert decision.to_dict()["device"]["cpu_id"] == "family 25 model 17 stepping 1"
+    assert decide_precision(facts=NO_BF16, probe=no_probe).reason.startswith("Intel Xeon @ 2.80GHz has no BF16")
+
+
 @pytest.mark.parametrize("result, expected", [(FAST, "bfloat16"), (SLOW, "off")])
 def test_cpu_with_bf16_follows_the_probe(result, expected):
     probe = probe_returning(result)
