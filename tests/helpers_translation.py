@@ -96,6 +96,14 @@ BAD_INPUTS = [
     "abismo, e o Espírito de Deus pairava sobre as águas. Disse Deus: Haja luz. E houve luz 3.5 vezes! ",
 ]
 
+# Lines written in capitals (transformer/inference/casing.py): translated in lower case, the translation in
+# capitals; the second is over the tiny models' 22 tokens, so its pieces are joined, then upper-cased.
+SHOUTED_INPUTS = [
+    "DEUS É AMOR E LUZ.",
+    "NO PRINCÍPIO CRIOU DEUS OS CÉUS E A TERRA. A TERRA ERA SEM FORMA E VAZIA; HAVIA TREVAS SOBRE A FACE DO "
+    "ABISMO, E O ESPÍRITO DE DEUS PAIRAVA SOBRE AS ÁGUAS.",
+]
+
 
 class ScriptedTranslator:
     """Returns the reference itself or rubbish, following a script of good/bad evaluations."""

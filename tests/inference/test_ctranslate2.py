@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import script_main
 from helpers_model import TINY_MODEL, build
-from helpers_translation import BAD_INPUTS, shared_tokenizers, tiny_translator
+from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, shared_tokenizers, tiny_translator
 
 from transformer.base.constants import END_ID, RESERVED_TOKENS, START_ID
 from transformer.inference import decoding
@@ -25,7 +25,7 @@ from transformer.inference.ctranslate2_export import (  # noqa: E402
 )
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou.",
-             "E disse Deus: Haja luz; e houve luz."] + BAD_INPUTS
+             "E disse Deus: Haja luz; e houve luz."] + BAD_INPUTS + SHOUTED_INPUTS
 
 # Every architecture switch the conversion maps: head width (CTranslate2's head_dim), norm
 # position (final norms), tied projection and tied source embedding.

@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers_translation import BAD_INPUTS, tiny_translator
+from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, tiny_translator
 
 from transformer.inference.translator import DecodeConfig
 
@@ -24,6 +24,18 @@ def test_bad_inputs_give_one_row_each(translator):
     assert texts[1] == texts[2] == texts[3] == ""  # empty and whitespace-only → empty translation
     for i in (0, 4, 5, 6, 7, 8, 9):  # real text, other scripts, emoji, invalid UTF-8 → some output
         assert texts[i], f"row {i} ({BAD_INPUTS[i]!r}) gave an empty translation"
+
+
+def test_a_line_in_capitals_is_translated_in_lower_case_and_given_back_in_capitals(translator):
+    lowered = [s.lower() for s in SHOUTED_INPUTS]
+    expected = translator.translate(lowered)
+    assert all(any(c.islower() for c in t) for t in expected)  # else upper-casing could not show
+    assert translator.translate(SHOUTED_INPUTS) == [t.upper() for t in expected]
+    assert translator.with_config(beam_size=2).translate(SHOUTED_INPUTS[:1]) == [
+        t.upper() for t in translator.with_config(beam_size=2).translate(lowered[:1])]
+    details = translator.attention(SHOUTED_INPUTS)  # the attention plot's path: same texts, pieces too
+    assert [t.decode() for t in details["line_translations"]] == [t.upper() for t in expected]
+    assert len(details["translations"]) > 2 and all(t.decode() == t.decode().upper() for t in details["translations"])
 
 
 def test_rows_are_translated_independently_of_batch_order_and_chunks(translator):

@@ -309,7 +309,7 @@ class CTranslate2Translator:
         sentences = as_string_batch(sentences)
         texts, lengths, piece_rows = self._translate_pieces(sentences)
         n = tf.shape(sentences)[0]
-        joined = segmenting.join_pieces(tf.constant(texts, tf.string), piece_rows, n).numpy()
+        joined = segmenting.join_for_model(tf.constant(texts, tf.string), piece_rows, sentences).numpy()
         return ([t.decode("utf-8", "replace") for t in joined],
                 segmenting.sum_pieces(tf.constant(lengths), piece_rows, n).numpy())
 

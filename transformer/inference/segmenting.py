@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from transformer.inference import casing
+
 # Where a too-long piece is cut, tried in this order: after a sentence end, then after a comma.
 # Group 1 is the text kept at the end of the piece; the white space after it is dropped.
 CUT_PATTERNS = (r"([.!?;:…][\"'”’»)\]]*)\s+", r"(,)\s+")
@@ -49,7 +51,10 @@ def cut_limit(cut_over: int, max_length: int) -> int:
 def split_for_model(tokenize, sentences: tf.Tensor, max_length: int, cut_over: int) -> tuple[tf.Tensor, tf.Tensor]:
     """`split_long_sources` for a model of `max_length` positions and `DecodeConfig.cut_over`:
     rows over `cut_limit(cut_over, max_length)` tokens cut at sentence ends, pieces over
-    `max_length - 2` then at commas. What the Translator, its export and the CTranslate2 wrapper cut."""
+    `max_length - 2` then at commas. What the Translator, its export and the CTranslate2 wrapper cut.
+    A line written in capitals is lower-cased first (`casing`; `join_for_model` restores them)."""
+    sentences = sanitize(sentences)
+    sentences = casing.fold(sentences, casing.shouted(sentences))
     return split_long_sources(tokenize, sentences, max_length - 2, cut_limit(cut_over, max_length))
 
 
@@ -89,6 +94,13 @@ def join_pieces(translations: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Te
     n = tf.cast(n, tf.int64)
     segments = tf.where(tf.strings.length(translations) > 0, rows, n)  # empty ones: to a segment dropped
     return tf.strings.unsorted_segment_join(translations, segments, n + 1, separator=" ")[:n]
+
+
+def join_for_model(translations: tf.Tensor, rows: tf.Tensor, sentences: tf.Tensor) -> tf.Tensor:
+    """`join_pieces` for the pieces of `split_for_model(…, sentences, …)`: `[n]` tf.string, the
+    translation of a line written in capitals upper-cased (`casing.restore`)."""
+    joined = join_pieces(translations, rows, tf.shape(sentences)[0])
+    return casing.restore(joined, casing.shouted(sanitize(sentences)))
 
 
 def sum_pieces(values: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Tensor:

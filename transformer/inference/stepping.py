@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig, ModelConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
-from transformer.inference import segmenting
+from transformer.inference import casing, segmenting
 from transformer.inference.decoding import DEFAULT_FORBIDDEN_IDS, ROW_CONTEXT
 from transformer.inference.rundir import build_model, cast_model
 from transformer.inference.translator import SENTENCES_SPEC, Translator, as_string_batch
@@ -100,6 +100,8 @@ class ContinuousDecoder:
         self._detokenize_ids = tf.function(translator.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)],
                                             autograph=False)
         self._pieces = tf.function(translator.pieces, input_signature=[SENTENCES_SPEC], autograph=False)
+        self._shouted = tf.function(lambda sentences: casing.shouted(segmenting.sanitize(sentences)),
+                                    input_signature=[SENTENCES_SPEC], autograph=False)
         self.steps = self.row_steps = 0
         self._returned_at = 0  # `steps` when ended rows were last returned
         self.reset()
@@ -107,7 +109,8 @@ class ContinuousDecoder:
     def reset(self) -> None:
         """Drops every row (after a failure)."""
         self._keys: list = []  # per row: (sentence number, piece number)
-        self._sentences: dict = {}  # sentence number → (the caller's key, piece translations, None until ended)
+        # sentence number → (the caller's key, piece translations (None until ended), written in capitals)
+        self._sentences: dict = {}
         self._added = 0  # sentences added so far (their numbers)
         self._tokens: list[list[int]] = []  # per row: generated ids so far
         self._has_tokens: list[bool] = []  # per row: the source has a token besides [START]/[END]
@@ -135,11 +138,12 @@ class ContinuousDecoder:
             raise ValueError(f"{len(sentences)} sentences but {len(keys)} keys")
         if not sentences:
             return
-        pieces, rows = self._pieces(as_string_batch(list(sentences)))
+        batch = as_string_batch(list(sentences))
+        pieces, rows = self._pieces(batch)
         rows = (rows.numpy() + self._added).tolist()
         counts = collections.Counter(rows)  # pieces per sentence number (rows come sorted)
-        for number, key in enumerate(keys, start=self._added):
-            self._sentences[number] = (key, [None] * counts[number])
+        for number, key, shouted in zip(itertools.count(self._added), keys, self._shouted(batch).numpy().tolist()):
+            self._sentences[number] = (key, [None] * counts[number], shouted)
         self._added += len(sentences)
         self._state, has_tokens = self._admit(pieces, self._kept(), self._state)
         self._keys += [(row, piece) for row, group in itertools.groupby(rows) for piece, _ in enumerate(group)]
@@ -172,14 +176,18 @@ class ContinuousDecoder:
             return []
         self._returned_at = self.steps
         texts = self._detokenize([tokens for _, tokens, _ in self._ended])
-        finished = []
+        finished, shouted = [], []
         for ((number, piece), _, has_tokens), text in zip(self._ended, texts):
-            key, translations = self._sentences[number]
+            key, translations, capitals = self._sentences[number]
             translations[piece] = text if has_tokens else ""
             if None not in translations:  # its last piece
                 finished.append((key, segmenting.join_texts(translations)))
+                shouted.append(capitals)
                 del self._sentences[number]
         self._ended = []
+        if any(shouted):  # as the Translator restores them (casing)
+            restored = casing.restore(tf.constant([text for _, text in finished], tf.string), tf.constant(shouted))
+            finished = [(key, text.decode("utf-8", "replace")) for (key, _), text in zip(finished, restored.numpy())]
         return finished
 
     def _kept(self) -> tf.Tensor:

@@ -18,6 +18,8 @@ What one call does, all in one TensorFlow graph (so the SavedModel does the same
      `min(max_length, ceil(max_output_ratio * source_tokens) + max_output_extra)` tokens;
   4. detokenize, every row in input order (a cut row's pieces joined by spaces). A row whose
      source has no tokens (empty or whitespace-only input) gets an empty translation.
+A line written in capitals is translated in lower case and its translation upper-cased
+(transformer/inference/casing.py).
 Any string content gives one output row per input row. Only a wrong dtype or rank is an
 error; from Python (`__call__`, `translate`) it is a TypeError/ValueError saying what was
 expected.
@@ -37,7 +39,7 @@ import tensorflow as tf
 
 from transformer.base.config import DecodeConfig
 from transformer.base.constants import END_ID, PAD_ID, START_ID
-from transformer.inference import decoding, segmenting
+from transformer.inference import casing, decoding, segmenting
 
 SENTENCES_SPEC = tf.TensorSpec([None], tf.string, name="sentences")
 
@@ -211,8 +213,8 @@ class Translator(tf.Module):
         translations = self.texts(ids, has_tokens)
         return {
             "rows": rows,
-            "line_translations": segmenting.join_pieces(translations, rows, tf.shape(sentences)[0]),
-            "translations": translations,
+            "line_translations": segmenting.join_for_model(translations, rows, sentences),
+            "translations": casing.restore(translations, tf.gather(casing.shouted(segmenting.sanitize(sentences)), rows)),
             "source_tokens": self.tokenizers.src.lookup(src_ids),
             "source_lengths": tf.cast(src.row_lengths(), tf.int32),
             "target_ids": ids,
@@ -245,7 +247,7 @@ class Translator(tf.Module):
         # Detokenizing inside a loop would serialise the loops: the tokenizer's table export is a
         # resource write for TensorFlow's automatic control dependencies.
         n = tf.shape(sentences)[0]
-        return {"translations": segmenting.join_pieces(self.texts(ids, has_tokens), rows, n),
+        return {"translations": segmenting.join_for_model(self.texts(ids, has_tokens), rows, sentences),
                 "num_tokens": segmenting.sum_pieces(tf.where(has_tokens, num_tokens, 0), rows, n)}
 
     def _decode_stream(self, src, order, first: int):
