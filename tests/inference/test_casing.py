@@ -37,18 +37,14 @@ def test_fold_and_restore_change_only_the_flagged_rows_with_unicode_case_mapping
 
 
 def test_split_for_model_folds_shouted_lines_and_join_for_model_restores_them():
-    def tokenize(strings):  # one token per word, with [START] and [END]: nothing is cut here
+    def tokenize(strings):  # [START], one id per word, [END]: no line here is long enough to be cut
         words = tf.strings.split(strings)
-        return tf.ragged.map_flat_values(lambda w: tf.zeros_like(w, tf.int64), words).with_row_splits_dtype(
-            tf.int64)
-
-    def tokenize_with_ends(strings):
-        ids = tokenize(strings)
-        ends = tf.zeros([ids.nrows(), 1], tf.int64)
-        return tf.concat([ends, ids, ends], axis=1)
+        ends = tf.zeros([words.nrows(), 1], tf.int64)
+        return tf.concat([ends, words.with_flat_values(tf.zeros_like(words.flat_values, tf.int64)), ends], axis=1)
 
     lines = tf.constant(["DEUS É AMOR.", "Deus é amor.", b"INV\xffLIDO TEXTO"])
-    pieces, rows = segmenting.split_for_model(tokenize_with_ends, lines, max_length=24, cut_over=0)
+    assert segmenting.shouted_lines(lines).numpy().tolist() == [True, False, True]  # invalid UTF-8 replaced first
+    pieces, rows = segmenting.split_for_model(tokenize, lines, max_length=24, cut_over=0)
     assert texts(pieces) == ["deus é amor.", "Deus é amor.", "inv\ufffdlido texto"]  # sanitized, then folded
     joined = segmenting.join_for_model(tf.constant(["god is love.", "God is love.", "invalid text"]), rows, lines)
     assert texts(joined) == ["GOD IS LOVE.", "God is love.", "INVALID TEXT"]

@@ -96,11 +96,17 @@ def join_pieces(translations: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Te
     return tf.strings.unsorted_segment_join(translations, segments, n + 1, separator=" ")[:n]
 
 
+def shouted_lines(sentences: tf.Tensor) -> tf.Tensor:
+    """`[n]` tf.string as given (any bytes) → `[n]` bool: the lines `split_for_model` lower-cases
+    (`casing.shouted` of the sanitized text: on invalid UTF-8 the pattern itself never matches)."""
+    return casing.shouted(sanitize(sentences))
+
+
 def join_for_model(translations: tf.Tensor, rows: tf.Tensor, sentences: tf.Tensor) -> tf.Tensor:
     """`join_pieces` for the pieces of `split_for_model(…, sentences, …)`: `[n]` tf.string, the
     translation of a line written in capitals upper-cased (`casing.restore`)."""
     joined = join_pieces(translations, rows, tf.shape(sentences)[0])
-    return casing.restore(joined, casing.shouted(sanitize(sentences)))
+    return casing.restore(joined, shouted_lines(sentences))
 
 
 def sum_pieces(values: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Tensor:

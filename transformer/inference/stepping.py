@@ -100,8 +100,7 @@ class ContinuousDecoder:
         self._detokenize_ids = tf.function(translator.detokenize, input_signature=[tf.TensorSpec([None, None], tf.int32)],
                                             autograph=False)
         self._pieces = tf.function(translator.pieces, input_signature=[SENTENCES_SPEC], autograph=False)
-        self._shouted = tf.function(lambda sentences: casing.shouted(segmenting.sanitize(sentences)),
-                                    input_signature=[SENTENCES_SPEC], autograph=False)
+        self._shouted = tf.function(segmenting.shouted_lines, input_signature=[SENTENCES_SPEC], autograph=False)
         self.steps = self.row_steps = 0
         self._returned_at = 0  # `steps` when ended rows were last returned
         self.reset()

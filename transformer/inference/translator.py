@@ -214,7 +214,7 @@ class Translator(tf.Module):
         return {
             "rows": rows,
             "line_translations": segmenting.join_for_model(translations, rows, sentences),
-            "translations": casing.restore(translations, tf.gather(casing.shouted(segmenting.sanitize(sentences)), rows)),
+            "translations": casing.restore(translations, tf.gather(segmenting.shouted_lines(sentences), rows)),
             "source_tokens": self.tokenizers.src.lookup(src_ids),
             "source_lengths": tf.cast(src.row_lengths(), tf.int32),
             "target_ids": ids,
