@@ -141,7 +141,7 @@ def test_optimizer_uses_the_schedule_at_its_iteration_count():
     assert float(clone(123)) == pytest.approx(float(schedule(123)))
 
 
-@pytest.mark.parametrize("smoothing", [0.1, 0.4])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.4])
 def test_smoothed_loss_value_and_gradient_equal_the_dense_formulation(smoothing):
     """The closed-form loss/gradient equals softmax_cross_entropy_with_logits on dense smoothed targets."""
     import tensorflow as tf
@@ -168,3 +168,43 @@ def test_smoothed_loss_value_and_gradient_equal_the_dense_formulation(smoothing)
     np.testing.assert_allclose(loss_closed, loss_dense, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(grad_closed, grad_dense, rtol=1e-4, atol=1e-6)
     assert np.abs(grad_dense).max() > 0.1  # a gradient worth comparing
+
+
+def test_loss_stays_finite_where_the_labels_probability_underflows():
+    """logsumexp comes from the largest probability, not the label's: a label 200 nats below
+    the best logit (its probability 0 in float32) still gives the exact loss and gradient."""
+    import tensorflow as tf
+
+    from transformer.model.losses import smoothed_cross_entropy
+
+    logits = np.zeros((2, VOCAB), "float32")
+    logits[0, 3] = 200.0  # label 1's probability exp(-200) underflows
+    logits[1, 5] = -200.0
+    labels = tf.constant([1, 5], tf.int32)
+    z = tf.constant(logits)
+    for smoothing in (0.0, 0.1):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            token_loss = smoothed_cross_entropy(labels, z, smoothing)
+            total = tf.reduce_sum(token_loss)
+        gradient = tape.gradient(total, z).numpy()
+        expected = [-(q * log_softmax(row.astype("float64"))).sum()
+                    for row, q in zip(logits, (1 - smoothing) * np.eye(VOCAB)[[1, 5]] + smoothing / VOCAB)]
+        np.testing.assert_allclose(token_loss.numpy(), expected, rtol=1e-5)
+        assert np.isfinite(gradient).all()
+        assert gradient[0, 1] == pytest.approx(-(1 - smoothing) - smoothing / VOCAB, abs=1e-6)
+        assert gradient[0, 3] == pytest.approx(1 - smoothing / VOCAB, abs=1e-6)
+
+
+def test_masked_accuracy_equals_argmax_accuracy_on_random_logits():
+    """The max-based hit test gives argmax's accuracy when no two logits tie."""
+    rng = np.random.default_rng(4)
+    y_true = rng.integers(0, VOCAB, (6, 9)).astype("int32")
+    y_pred = rng.normal(0, 1, (6, 9, VOCAB)).astype("float32")
+    y_pred[..., 2] += 1.0  # some hits and some misses
+    metric = MaskedAccuracy()
+    metric.update_state(y_true, y_pred)
+    real = y_true != PAD_ID
+    expected = (y_pred.argmax(-1) == y_true)[real].mean()
+    assert 0.0 < expected < 1.0
+    assert float(metric.result()) == pytest.approx(expected)
