@@ -272,6 +272,23 @@ def test_xla_cache_directory_and_flags(monkeypatch, tmp_path):
     assert enable_xla_cache(str(tmp_path / "other"))["directory"] == str(tmp_path / "given")  # one already named wins
 
 
+def test_xla_cache_key_tells_cpu_generations_of_one_name_apart(monkeypatch):
+    """Cloud VMs call Zen 4 and Zen 5 both 'AMD EPYC': the key also holds family/model/stepping."""
+    from transformer.runtime import xla_cache
+
+    def cpuinfo(model: int) -> str:
+        return (f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\n"
+                "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+
+    keys = []
+    for model in (17, 17, 1):
+        monkeypatch.setattr(xla_cache, "cpuinfo_text", lambda model=model: cpuinfo(model))
+        keys.append(xla_cache.machine_key())
+    assert keys[0] == keys[1] != keys[2]
+    monkeypatch.setattr(xla_cache, "cpuinfo_text", lambda: cpuinfo(17).replace(" avx512_bf16", ""))
+    assert xla_cache.machine_key() not in keys  # the flags stay in it
+
+
 def test_xla_cache_keeps_the_newest_programs_within_its_size(tmp_path):
     for age, name in enumerate(["new", "mid", "old"]):
         path = tmp_path / f"xla_compile_cache__{name}__XLA_CPU_JIT.pb"

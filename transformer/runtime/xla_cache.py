@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 from pathlib import Path
 from typing import Optional
 
-from transformer.runtime.precision import cpu_facts, cpuinfo_text
+from transformer.runtime.precision import cpuinfo_text, parse_cpu_id, parse_cpuinfo
 
 XLA_CACHE_ENV = "TRANSFORMER_XLA_CACHE"
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
@@ -26,19 +27,24 @@ XLA_CACHE_MAX_BYTES = 4 << 30  # older programs are deleted beyond this (~9 MB p
 
 
 def machine_key() -> str:
-    """Identifies this machine's compiled code: CPU model and every CPU flag, TF version, GPU names.
+    """Identifies this machine's compiled code: CPU model, family/model/stepping and every CPU
+    flag, TF version, GPU names.
 
     Compiled XLA programs are machine code: a cache on a home directory shared by several
-    machines must not hand one machine's programs to another.
+    machines must not hand one machine's programs to another. Cloud VMs name several CPU
+    generations alike ('AMD EPYC' for Zen 4 and Zen 5), so the CPU's identity is in the key too.
     """
     import tensorflow as tf
 
+    text = cpuinfo_text()  # read once: the model, the identity and the flags come from it
     flags = ""
-    for line in cpuinfo_text().splitlines():
+    for line in text.splitlines():
         if line.split(":")[0].strip().lower() in ("flags", "features"):
             flags = " ".join(sorted(line.partition(":")[2].split()))
             break
-    fields = {"cpu_model": cpu_facts()[0], "cpu_flags": flags, "tensorflow": tf.__version__, "gpus": _gpu_names()}
+    fields = {"cpu_model": parse_cpuinfo(text)[0] or platform.processor() or platform.machine(),
+              "cpu_id": parse_cpu_id(text), "cpu_flags": flags, "tensorflow": tf.__version__,
+              "gpus": _gpu_names()}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
