@@ -172,6 +172,23 @@ def test_a_cpu_quota_gets_its_own_cache_entry(monkeypatch, tmp_path):
     assert set(json.loads(path.read_text())) == {whole, precision.cache_key(XEON)}
 
 
+def test_a_one_thread_probe_gets_its_own_cache_entry(monkeypatch):
+    """An intra-op pool set to one thread reaches about half the GFLOP/s of two: its probe is not
+    the one a process with the default pool (one thread per CPU) reads."""
+    import tensorflow as tf
+
+    from transformer.runtime.cpu_budget import CpuBudget
+
+    monkeypatch.setattr(precision, "cpu_budget", lambda: CpuBudget(affinity=2))
+    monkeypatch.setattr(tf.config.threading, "get_intra_op_parallelism_threads", lambda: 0)
+    assert precision.probe_threads() == 2
+    pool = precision.cache_key(XEON)
+    monkeypatch.setattr(tf.config.threading, "get_intra_op_parallelism_threads", lambda: 1)
+    assert precision.probe_threads() == 1 and precision.cache_key(XEON) != pool
+    monkeypatch.setattr(tf.config.threading, "get_intra_op_parallelism_threads", lambda: 8)
+    assert precision.probe_threads() == 2 and precision.cache_key(XEON) == pool  # capped by the CPUs
+
+
 def test_real_probe_records_cpu_share_and_both_loads():
     started = time.time()
     probe = precision.probe_bf16_speedup(size=128, budget_s=0.05)

@@ -311,6 +311,15 @@ def _load_average() -> Optional[float]:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
+def probe_threads() -> int:
+    """The threads the probe's matmuls run on: TensorFlow's intra-op pool (0: one per CPU), capped
+    by the CPUs this process may use (a cgroup CPU quota included)."""
+    import tensorflow as tf
+
+    usable = cpu_budget().cpus
+    return min(usable, tf.config.threading.get_intra_op_parallelism_threads() or usable)
+
+
 def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/CPU:0") -> ProbeResult:
     """Times alternating float32 / bfloat16 matmul chains for about `budget_s`; best of each.
 
@@ -319,14 +328,11 @@ def probe_bf16_speedup(size: int = 1024, budget_s: float = 0.5, device: str = "/
     """
     import time
 
-    import tensorflow as tf
-
     from transformer.runtime.flops import matmul_chain_timer
 
     load = _load_average()
     allowed = affinity_cpus()
-    cpus, usable = len(allowed), cpu_budget().cpus  # usable: capped by a cgroup CPU quota
-    threads = min(usable, tf.config.threading.get_intra_op_parallelism_threads() or usable)  # 0: one per CPU
+    cpus, threads = len(allowed), probe_threads()
     started = time.perf_counter()
     timers = {dtype: matmul_chain_timer(dtype, device, size) for dtype in ("float32", "bfloat16")}
     iters = {dtype: max(1, int(0.03 / max(timed(2) / 2, 1e-6))) for dtype, timed in timers.items()}  # ~30 ms runs
@@ -357,14 +363,15 @@ def cache_path() -> Path:
 
 def cache_key(facts: DeviceFacts) -> str:
     """Identifies the machine for the cache: CPU model + identity + flags + TensorFlow version +
-    device + the CPUs the probe's threads may use (a container with a quota of 1 CPU on a
-    2-core host gets its own entry: the probe measures what its matmul threads reach there)."""
+    device + the CPUs the probe's threads may use and how many threads it runs (a container
+    with a quota of 1 CPU on a 2-core host, or a process whose intra-op pool was set to one thread, gets
+    its own entry: the probe measures what its matmul threads reach there)."""
     import tensorflow as tf
 
     fields = {"cpu_model": facts.cpu_model, "cpu_id": facts.cpu_id, "cpu_flags": list(facts.cpu_flags),
               "tensorflow": tf.__version__, "device": facts.device, "probe_version": PROBE_VERSION}
     if facts.device == "cpu":
-        fields["cpus"] = cpu_budget().cpus
+        fields["cpus"], fields["threads"] = cpu_budget().cpus, probe_threads()
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
