@@ -75,6 +75,20 @@ def test_abbreviations_and_initials_are_no_sentence_ends(src_tokenizer):
     assert [p.decode() for p in pieces.numpy()] == ["O Sr. Silva leu a p. 5 com J. K. Rowling.", "Depois saiu."]
 
 
+def test_abbreviations_hold_in_a_line_in_capitals_and_once_it_is_lower_cased(src_tokenizer):
+    """`casing` lower-cases a line in capitals before it is cut: "SR." and "sr." hold as "Sr." does."""
+    from transformer.inference.segmenting import split_for_model
+
+    row = "O SR. SILVA LEU A PÁG. 5. DEPOIS SAIU."
+    for text in (row, row.lower()):
+        pieces, _ = split_long_sources(src_tokenizer.tokenize, tf.constant([text]), 1000, sentences_over=1)
+        assert [p.decode() for p in pieces.numpy()] == [text[:25], text[26:]], text
+    pieces, _ = split_for_model(src_tokenizer.tokenize, tf.constant([row]), max_length=1000, cut_over=1)
+    assert [p.decode() for p in pieces.numpy()] == ["o sr. silva leu a pág. 5.", "depois saiu."]
+    pieces, _ = split_long_sources(src_tokenizer.tokenize, tf.constant(["Eu vi-o. Depois saiu."]), 1000, sentences_over=1)
+    assert len(pieces.numpy()) == 2  # a one-letter word in lower case ends a sentence
+
+
 def test_empty_batch_and_invalid_utf8(src_tokenizer):
     assert split(src_tokenizer, [], 5) == ([], [])
     pieces, rows = split_long_sources(src_tokenizer.tokenize, tf.constant([b"Fim. \xff\xfe " + PARAGRAPH.encode()]), 5)

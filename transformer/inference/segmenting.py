@@ -30,10 +30,12 @@ CUT_PATTERNS = (r"([.!?;:…][\"'”’»)\]]*)\s+", r"(,)\s+")
 # Put where a cut goes, then split on: a byte that sanitized (valid UTF-8) text never holds.
 _MARK = b"\xff"
 # A period that ends an abbreviation or an initial ("Sr. Silva", "J. K. Rowling", "p. 5") is no
-# sentence end: the space after it is held by another such byte while the row is cut.
-ABBREVIATION = (r"\b((?:[A-Z]|Sr|Sra|Srs|Sras|Dr|Dra|Drs|Dras|Prof|Profa|Profs|Exmo|Exma|Ilmo|Ilma|"
+# sentence end: the space after it is held by another such byte while the row is cut. The
+# abbreviations in any case ("SR. SILVA", and "sr. silva" once `casing` lower-cased a line in
+# capitals); an initial is a capital letter only (a lower-case one is a word: "vi-o.").
+ABBREVIATION = (r"\b((?:[A-Z]|(?i:Sr|Sra|Srs|Sras|Dr|Dra|Drs|Dras|Prof|Profa|Profs|Exmo|Exma|Ilmo|Ilma|"
                 r"Av|Pe|Sto|Sta|Mr|Mrs|Ms|St|Jr|Lda|Ltda|Cia|art|arts|cap|caps|fig|pág|págs|p|pp|n|nº|núm|vol|vols|"
-                r"ed|cf|ex)\.)\s+")
+                r"ed|cf|ex))\.)\s+")
 _HELD = b"\xfe"
 
 
