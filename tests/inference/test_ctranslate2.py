@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import script_main
 from helpers_model import TINY_MODEL, build
-from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, shared_tokenizers, tiny_translator
+from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, tiny_ctranslate2_export
 
 from transformer.base.constants import END_ID, RESERVED_TOKENS, START_ID
 from transformer.inference import decoding
@@ -19,7 +19,6 @@ ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is pinned i
 from transformer.inference.ctranslate2_export import (  # noqa: E402
     SUPPRESSED,
     CTranslate2Translator,
-    export_ctranslate2,
     model_spec,
     output_bounds,
 )
@@ -78,12 +77,9 @@ def test_converted_model_gives_our_log_probs_and_greedy_ids(variant, tmp_path):
 def exported(tmp_path_factory):
     """A tiny translator over the real test tokenizers (short output bound, so some rows hit
     it; sources over 8 tokens cut, as its manifest tells the wrapper) and its CTranslate2 export."""
-    translator = tiny_translator(DecodeConfig(chunk_size=4, max_output_ratio=0.5, max_output_extra=2, cut_over=8),
-                                 seed=2)
-    directory = shared_tokenizers()[1]
-    path = export_ctranslate2(translator.model, directory, tmp_path_factory.mktemp("ct2") / "model",
-                              config=translator.config)
-    return translator, path
+    return tiny_ctranslate2_export(tmp_path_factory.mktemp("ct2"),
+                                   DecodeConfig(chunk_size=4, max_output_ratio=0.5, max_output_extra=2, cut_over=8),
+                                   seed=2)
 
 
 @pytest.mark.parametrize("inter_threads", [1, 2])

@@ -21,7 +21,7 @@ import urllib.parse
 
 import pytest
 from conftest import script_main
-from helpers_translation import BAD_INPUTS, shared_tokenizers, tiny_translator
+from helpers_translation import BAD_INPUTS, tiny_ctranslate2_export, tiny_translator
 
 from transformer.base import cli
 from transformer.inference.export import export_translator, load_exported
@@ -152,12 +152,7 @@ def test_concurrent_clients_get_their_own_translations_in_dynamic_batches(which,
 @pytest.fixture(scope="module")
 def ct2_export(tmp_path_factory):
     """The CTranslate2 export of a tiny translator (CTranslate2 decodes it; our tokenizers)."""
-    pytest.importorskip("ctranslate2", reason="ctranslate2 is pinned in requirements.txt: pip install -r it")
-    from transformer.inference.ctranslate2_export import export_ctranslate2
-
-    translator = tiny_translator(DecodeConfig(chunk_size=8), seed=1)
-    return export_ctranslate2(translator.model, shared_tokenizers()[1], tmp_path_factory.mktemp("serve-ct2") / "ct2",
-                              config=translator.config)
+    return tiny_ctranslate2_export(tmp_path_factory.mktemp("serve-ct2"), DecodeConfig(chunk_size=8), seed=1)[1]
 
 
 def test_a_ctranslate2_export_is_served_in_run_batches_as_it_translates_offline(ct2_export):
