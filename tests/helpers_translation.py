@@ -79,7 +79,6 @@ def tiny_translator(config=None, seed: int = 0, max_length: int = 24, algorithm:
     return Translator(tokenizers, model, config or DecodeConfig())
 
 
-
 def tiny_ctranslate2_export(directory, config=None, seed: int = 0):
     """(`tiny_translator(config, seed)`, the path of its CTranslate2 export under `directory`):
     CTranslate2 decodes the same weights with the same tokenizers; skips without ctranslate2."""
@@ -89,6 +88,7 @@ def tiny_ctranslate2_export(directory, config=None, seed: int = 0):
     translator = tiny_translator(config, seed=seed)
     path = export_ctranslate2(translator.model, shared_tokenizers()[1], directory / "model", config=translator.config)
     return translator, path
+
 
 # Inputs that must never crash the translator: one output row each.
 BAD_INPUTS = [

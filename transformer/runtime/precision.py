@@ -253,14 +253,16 @@ def cpuinfo_text() -> str:
         return ""
 
 
-def cpu_id() -> str:
-    """This machine's `parse_cpu_id`; '' where /proc/cpuinfo is absent."""
-    return parse_cpu_id(cpuinfo_text())
+def cpu_id(text: Optional[str] = None) -> str:
+    """This machine's `parse_cpu_id` (of `text`, /proc/cpuinfo already read, if given); '' where
+    /proc/cpuinfo is absent."""
+    return parse_cpu_id(cpuinfo_text() if text is None else text)
 
 
-def cpu_facts() -> tuple[str, tuple]:
-    """This machine's (CPU model, relevant flags); flags are empty where /proc/cpuinfo is absent."""
-    model, flags = parse_cpuinfo(cpuinfo_text())
+def cpu_facts(text: Optional[str] = None) -> tuple[str, tuple]:
+    """This machine's (CPU model, relevant flags), from `text` (/proc/cpuinfo already read) if
+    given; flags are empty where /proc/cpuinfo is absent."""
+    model, flags = parse_cpuinfo(cpuinfo_text() if text is None else text)
     return model or platform.processor() or platform.machine(), flags
 
 

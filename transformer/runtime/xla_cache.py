@@ -15,11 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Optional
 
-from transformer.runtime.precision import cpuinfo_text, parse_cpu_id, parse_cpuinfo
+from transformer.runtime.precision import cpu_facts, cpu_id, cpuinfo_text
 
 XLA_CACHE_ENV = "TRANSFORMER_XLA_CACHE"
 XLA_CACHE_FLAG = "--tf_xla_persistent_cache_directory"
@@ -42,9 +41,8 @@ def machine_key() -> str:
         if line.split(":")[0].strip().lower() in ("flags", "features"):
             flags = " ".join(sorted(line.partition(":")[2].split()))
             break
-    fields = {"cpu_model": parse_cpuinfo(text)[0] or platform.processor() or platform.machine(),
-              "cpu_id": parse_cpu_id(text), "cpu_flags": flags, "tensorflow": tf.__version__,
-              "gpus": _gpu_names()}
+    fields = {"cpu_model": cpu_facts(text)[0], "cpu_id": cpu_id(text), "cpu_flags": flags,
+              "tensorflow": tf.__version__, "gpus": _gpu_names()}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
