@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import tempfile
+import unicodedata
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -107,13 +109,54 @@ BAD_INPUTS = [
     "abismo, e o Espírito de Deus pairava sobre as águas. Disse Deus: Haja luz. E houve luz 3.5 vezes! ",
 ]
 
-# Lines written in capitals (transformer/inference/casing.py): translated in lower case, the translation in
-# capitals; the second is over the tiny models' 22 tokens, so its pieces are joined, then upper-cased.
+# Lines written in capitals (transformer/inference/casing.py): translated as `fold_reference` folds them,
+# the translation in capitals; the second is over the tiny models' 22 tokens, so its pieces are joined,
+# then upper-cased.
 SHOUTED_INPUTS = [
     "DEUS É AMOR E LUZ.",
     "NO PRINCÍPIO CRIOU DEUS OS CÉUS E A TERRA. A TERRA ERA SEM FORMA E VAZIA; HAVIA TREVAS SOBRE A FACE DO "
     "ABISMO, E O ESPÍRITO DE DEUS PAIRAVA SOBRE AS ÁGUAS.",
 ]
+# Lines with a run of words in capitals: the run folded, the translation not upper-cased.
+SPAN_INPUTS = [
+    "Ele disse: NÃO FAÇAS ISSO AGORA.",
+    "E Deus disse a Moisés: EU SOU O QUE SOU. Assim dirás aos filhos de Israel.",
+]
+CAPITALS_INPUTS = SHOUTED_INPUTS + SPAN_INPUTS
+
+# casing.fold written again in plain Python, rule by rule, for the tests to hold the graph to.
+# RE2's \s is ASCII white space; \p{Ll} / \p{Lu} / \pL are Unicode categories.
+_WHITE_SPACE = re.compile(r"([\t\n\f\r ]+)")
+_SENTENCE_END = re.compile(r".*[.!?…][\"'”’»)\]]*", re.DOTALL)
+
+
+def fold_reference(line: str) -> str:
+    """The line with every run of words in capitals lower-cased, sentence starts keeping their first letter."""
+    def lower_case(word):
+        return any(unicodedata.category(c) == "Ll" for c in word)
+
+    def in_capitals(word):
+        return not lower_case(word) and any(unicodedata.category(a) == unicodedata.category(b) == "Lu"
+                                            for a, b in zip(word, word[1:]))
+
+    parts = _WHITE_SPACE.split(line)  # words at even places, the white space between at odd ones
+    runs, run = [], []  # runs of places of words without a lower-case letter
+    for place in range(0, len(parts), 2):
+        if lower_case(parts[place]):
+            runs.append(run)
+            run = []
+        else:
+            run.append(place)
+    runs.append(run)
+    for run in runs:
+        if sum(in_capitals(parts[place]) for place in run) < 2:
+            continue
+        for place in run:
+            word = parts[place]
+            letter = next((i for i, c in enumerate(word) if unicodedata.category(c).startswith("L")), None)
+            starts = place == 0 or parts[place - 2] == "" or _SENTENCE_END.fullmatch(parts[place - 2])
+            parts[place] = word[:letter + 1] + word[letter + 1:].lower() if starts and letter is not None else word.lower()
+    return "".join(parts)
 
 
 class ScriptedTranslator:

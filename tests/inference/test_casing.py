@@ -1,7 +1,10 @@
-"""Lines written in capitals: which lines count, and the folding and restoring of their case."""
+"""Words written in capitals: which runs and lines count, and the folding and restoring of their case."""
+
+import random
 
 import pytest
 import tensorflow as tf
+from helpers_translation import fold_reference
 
 from transformer.inference import casing, segmenting
 
@@ -28,12 +31,38 @@ def test_a_line_is_shouted_when_it_has_no_lower_case_letter_and_two_words_in_cap
     assert casing.shouted(tf.constant([line])).numpy().tolist() == [shouted]
 
 
-def test_fold_and_restore_change_only_the_flagged_rows_with_unicode_case_mapping():
-    lines = tf.constant(["ÁGUA É VIDA, SÃO JOÃO.", "ÁGUA É VIDA, SÃO JOÃO."])
-    flags = tf.constant([True, False])
-    assert texts(casing.fold(lines, flags)) == ["água é vida, são joão.", "ÁGUA É VIDA, SÃO JOÃO."]
+@pytest.mark.parametrize("line, folded", [
+    ("Ele disse: NÃO FAÇAS ISSO AGORA", "Ele disse: não faças isso agora"),  # a run inside a line
+    ("ÁGUA É VIDA, SÃO JOÃO.", "Água é vida, são joão."),  # a line in capitals is one run
+    ("  \"NÃO FAÇAS ISSO.\" ELE FOI EMBORA, disse.", "  \"Não faças isso.\" Ele foi embora, disse."),  # sentence starts
+    ("SAIU. «ÁGUA VIVA» É BOA! 3 ÉÉ", "Saiu. «Água viva» é boa! 3 éé"),
+    ("JOÃO  3:16\t— O AMOR", "João  3:16\t— o amor"),  # white space kept byte for byte
+    ("x ÉÉ ÉÉ y ÉÉ z ÀÀ ÀÀ", "x éé éé y ÉÉ z àà àà"),  # each run on its own: one word is not a run
+    ("o SENHOR DEUS disse", "o senhor deus disse"),
+    ("O SENHOR disse a Moisés", "O SENHOR disse a Moisés"),  # one word in capitals: as typed
+    ("a ONU e a OTAN", "a ONU e a OTAN"),  # acronyms apart
+    ("  A B C", "  A B C"),  # no word of two capitals
+    ("Deus é amor.", "Deus é amor."),
+    ("", ""),
+])
+def test_fold_lower_cases_runs_of_words_in_capitals_and_keeps_sentence_starts(line, folded):
+    assert texts(casing.fold(tf.constant([line]))) == [folded] == [fold_reference(line)]
+
+
+def test_fold_equals_its_rules_written_in_python_on_random_lines():
+    words = ["ÁGUA", "ÉÉ", "SÃO", "OK", "A", "É", "Ç", "ça", "deus", "Ele", "x", "3:16", "—", "«", "»", '"', ".", "!",
+             "?", "…", ",", ":", "\u00a0", "ß", "Ǆ", "ǅ"]  # ǅ: a title-case letter, neither Lu nor Ll
+    spaces = [" ", " ", " ", "  ", "\t", "\n", ""]
+    rng = random.Random(0)
+    lines = ["".join(rng.choice(words if i % 2 else spaces) for i in range(rng.randint(0, 20))) for _ in range(600)]
+    got = texts(casing.fold(tf.constant(lines)))
+    assert got == [fold_reference(line) for line in lines]
+    assert sum(g != line for g, line in zip(got, lines)) > 50  # the rule was exercised (71 lines change)
+
+
+def test_restore_upper_cases_only_the_flagged_rows_with_unicode_case_mapping():
     translations = tf.constant(["water is life, çà", "water is life, çà"])
-    assert texts(casing.restore(translations, flags)) == ["WATER IS LIFE, ÇÀ", "water is life, çà"]
+    assert texts(casing.restore(translations, tf.constant([True, False]))) == ["WATER IS LIFE, ÇÀ", "water is life, çà"]
 
 
 def test_split_for_model_folds_shouted_lines_and_join_for_model_restores_them():
@@ -42,9 +71,11 @@ def test_split_for_model_folds_shouted_lines_and_join_for_model_restores_them():
         ends = tf.zeros([words.nrows(), 1], tf.int64)
         return tf.concat([ends, words.with_flat_values(tf.zeros_like(words.flat_values, tf.int64)), ends], axis=1)
 
-    lines = tf.constant(["DEUS É AMOR.", "Deus é amor.", b"INV\xffLIDO TEXTO"])
-    assert segmenting.shouted_lines(lines).numpy().tolist() == [True, False, True]  # invalid UTF-8 replaced first
+    lines = tf.constant(["DEUS É AMOR.", "Deus é amor.", b"INV\xffLIDO TEXTO", "Ele disse: NÃO FAÇAS ISSO."])
+    assert segmenting.shouted_lines(lines).numpy().tolist() == [True, False, True, False]  # invalid UTF-8 replaced first
     pieces, rows = segmenting.split_for_model(tokenize, lines, max_length=24, cut_over=0)
-    assert texts(pieces) == ["deus é amor.", "Deus é amor.", "inv\ufffdlido texto"]  # sanitized, then folded
-    joined = segmenting.join_for_model(tf.constant(["god is love.", "God is love.", "invalid text"]), rows, lines)
-    assert texts(joined) == ["GOD IS LOVE.", "God is love.", "INVALID TEXT"]
+    assert texts(pieces) == ["Deus é amor.", "Deus é amor.", "Inv\ufffdlido texto",  # sanitized, then folded
+                             "Ele disse: não faças isso."]
+    joined = segmenting.join_for_model(tf.constant(["god is love.", "God is love.", "invalid text", "He said: don't."]),
+                                       rows, lines)
+    assert texts(joined) == ["GOD IS LOVE.", "God is love.", "INVALID TEXT", "He said: don't."]  # a run: as translated

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import script_main
 from helpers_model import TINY_MODEL, build
-from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, tiny_ctranslate2_export
+from helpers_translation import BAD_INPUTS, CAPITALS_INPUTS, tiny_ctranslate2_export
 
 from transformer.base.constants import END_ID, RESERVED_TOKENS, START_ID
 from transformer.inference import decoding
@@ -24,7 +24,7 @@ from transformer.inference.ctranslate2_export import (  # noqa: E402
 )
 
 SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou.",
-             "E disse Deus: Haja luz; e houve luz."] + BAD_INPUTS + SHOUTED_INPUTS
+             "E disse Deus: Haja luz; e houve luz."] + BAD_INPUTS + CAPITALS_INPUTS
 
 # Every architecture switch the conversion maps: head width (CTranslate2's head_dim), norm
 # position (final norms), tied projection and tied source embedding.
@@ -103,8 +103,9 @@ def test_ctranslate2_beam_search_takes_the_configs_beam_and_alpha(exported):
     bounds = output_bounds(np.array([len(ids) - 2 for ids in sources]), config, ct2.max_length)
     tokens = [[ct2.src_tokens[i] for i in ids] for ids in sources]
 
-    def direct(beam):  # CTranslate2 called by hand, cut at each row's bound as the translator does
-        results = ct2.translator.translate_batch(tokens, beam_size=beam, length_penalty=0.6, return_end_token=True,
+    def direct(beam):  # CTranslate2 called by hand, in the translator's batches, cut at each row's bound as it does
+        results = ct2.translator.translate_batch(tokens, max_batch_size=ct2.batch_size, batch_type="examples",
+                                                 beam_size=beam, length_penalty=0.6, return_end_token=True,
                                                  max_decoding_length=int(bounds.max()), suppress_sequences=SUPPRESSED)
         return [[ct2.tgt_ids[t] for t in r.hypotheses[0]][:n] for r, n in zip(results, bounds)]
 

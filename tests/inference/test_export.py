@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 from helpers_process import run_without_project
-from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, tiny_translator
+from helpers_translation import BAD_INPUTS, CAPITALS_INPUTS, tiny_translator
 
 from transformer.inference.export import MANIFEST, decode_config_of, export_translator, load_exported
 from transformer.inference.translator import DecodeConfig, Translator
 
-SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou."] + BAD_INPUTS + SHOUTED_INPUTS
+SENTENCES = ["No princípio, Deus criou os céus e a terra.", "Deus é amor.", "", "Jesus chorou."] + BAD_INPUTS + CAPITALS_INPUTS
 
 # Runs in a fresh interpreter: only tensorflow and tensorflow_text are imported, and the repo
 # is not on sys.path, so nothing from `transformer` can be used by accident.

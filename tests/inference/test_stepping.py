@@ -2,7 +2,7 @@
 
 import pytest
 import tensorflow as tf
-from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS
+from helpers_translation import BAD_INPUTS, CAPITALS_INPUTS
 
 from transformer.inference.export import load_exported
 from transformer.inference.stepping import ContinuousDecoder, translator_from_saved
@@ -43,7 +43,7 @@ def drive(decoder, arrivals):
 
 @pytest.mark.parametrize("steps_per_call", [1, 3])
 def test_sentences_joining_between_steps_decode_as_offline(translator, steps_per_call):
-    sentences = SENTENCES + BAD_INPUTS + SHOUTED_INPUTS
+    sentences = SENTENCES + BAD_INPUTS + CAPITALS_INPUTS
     reference = translator.translate(sentences)
     decoder = ContinuousDecoder(translator, steps_per_call=steps_per_call)
     # Joining at different steps, some while others are half-way: positions, masks and the

@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, tiny_translator
+from helpers_translation import BAD_INPUTS, SHOUTED_INPUTS, SPAN_INPUTS, fold_reference, tiny_translator
 
 from transformer.inference.translator import DecodeConfig
 
@@ -26,16 +26,25 @@ def test_bad_inputs_give_one_row_each(translator):
         assert texts[i], f"row {i} ({BAD_INPUTS[i]!r}) gave an empty translation"
 
 
-def test_a_line_in_capitals_is_translated_in_lower_case_and_given_back_in_capitals(translator):
-    lowered = [s.lower() for s in SHOUTED_INPUTS]
-    expected = translator.translate(lowered)
+def test_a_line_in_capitals_is_translated_as_folded_and_given_back_in_capitals(translator):
+    folded = [fold_reference(s) for s in SHOUTED_INPUTS]
+    expected = translator.translate(folded)
     assert all(any(c.islower() for c in t) for t in expected)  # else upper-casing could not show
     assert translator.translate(SHOUTED_INPUTS) == [t.upper() for t in expected]
     assert translator.with_config(beam_size=2).translate(SHOUTED_INPUTS[:1]) == [
-        t.upper() for t in translator.with_config(beam_size=2).translate(lowered[:1])]
+        t.upper() for t in translator.with_config(beam_size=2).translate(folded[:1])]
     details = translator.attention(SHOUTED_INPUTS)  # the attention plot's path: same texts, pieces too
     assert [t.decode() for t in details["line_translations"]] == [t.upper() for t in expected]
     assert len(details["translations"]) > 2 and all(t.decode() == t.decode().upper() for t in details["translations"])
+
+
+def test_a_run_in_capitals_inside_a_line_is_translated_as_folded_and_not_upper_cased(translator):
+    folded = [fold_reference(s) for s in SPAN_INPUTS]
+    assert folded != SPAN_INPUTS  # the split_for_model test shows the pieces are the folded text
+    expected = translator.translate(folded)
+    assert all(any(c.islower() for c in t) for t in expected)  # else upper-casing could not show
+    assert translator.translate(SPAN_INPUTS) == expected
+    assert [t.decode() for t in translator.attention(SPAN_INPUTS)["line_translations"]] == expected
 
 
 def test_rows_are_translated_independently_of_batch_order_and_chunks(translator):

@@ -54,9 +54,10 @@ def split_for_model(tokenize, sentences: tf.Tensor, max_length: int, cut_over: i
     """`split_long_sources` for a model of `max_length` positions and `DecodeConfig.cut_over`:
     rows over `cut_limit(cut_over, max_length)` tokens cut at sentence ends, pieces over
     `max_length - 2` then at commas. What the Translator, its export and the CTranslate2 wrapper cut.
-    A line written in capitals is lower-cased first (`casing`; `join_for_model` restores them)."""
+    Runs of words in capitals are lower-cased first (`casing`; `join_for_model` gives a line in
+    capitals back in capitals)."""
     sentences = sanitize(sentences)
-    sentences = casing.fold(sentences, casing.shouted(sentences))
+    sentences = casing.fold(sentences)
     return split_long_sources(tokenize, sentences, max_length - 2, cut_limit(cut_over, max_length))
 
 
@@ -99,8 +100,8 @@ def join_pieces(translations: tf.Tensor, rows: tf.Tensor, n: tf.Tensor) -> tf.Te
 
 
 def shouted_lines(sentences: tf.Tensor) -> tf.Tensor:
-    """`[n]` tf.string as given (any bytes) → `[n]` bool: the lines `split_for_model` lower-cases
-    (`casing.shouted` of the sanitized text: on invalid UTF-8 the pattern itself never matches)."""
+    """`[n]` tf.string as given (any bytes) → `[n]` bool: the lines in capitals, whose translations
+    `join_for_model` upper-cases (`casing.shouted` of the sanitized text: on invalid UTF-8 the pattern itself never matches)."""
     return casing.shouted(sanitize(sentences))
 
 
