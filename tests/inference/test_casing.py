@@ -39,6 +39,7 @@ def test_a_line_is_shouted_when_it_has_no_lower_case_letter_and_two_words_in_cap
     ("JOÃO  3:16\t— O AMOR", "João  3:16\t— o amor"),  # white space kept byte for byte
     ("x ÉÉ ÉÉ y ÉÉ z ÀÀ ÀÀ", "x éé éé y ÉÉ z àà àà"),  # each run on its own: one word is not a run
     ("o SENHOR DEUS disse", "o senhor deus disse"),
+    ("eu vi J. K. ROWLING ONTEM", "eu vi J. K. Rowling ontem"),  # initials kept, the cut at sentence ends skips them
     ("O SENHOR disse a Moisés", "O SENHOR disse a Moisés"),  # one word in capitals: as typed
     ("a ONU e a OTAN", "a ONU e a OTAN"),  # acronyms apart
     ("  A B C", "  A B C"),  # no word of two capitals
@@ -51,13 +52,13 @@ def test_fold_lower_cases_runs_of_words_in_capitals_and_keeps_sentence_starts(li
 
 def test_fold_equals_its_rules_written_in_python_on_random_lines():
     words = ["ÁGUA", "ÉÉ", "SÃO", "OK", "A", "É", "Ç", "ça", "deus", "Ele", "x", "3:16", "—", "«", "»", '"', ".", "!",
-             "?", "…", ",", ":", "\u00a0", "ß", "Ǆ", "ǅ"]  # ǅ: a title-case letter, neither Lu nor Ll
+             "?", "…", ",", ":", "J.", "(Á.", "x.", "\u00a0", "ß", "Ǆ", "ǅ"]  # ǅ: a title-case letter, neither Lu nor Ll
     spaces = [" ", " ", " ", "  ", "\t", "\n", ""]
     rng = random.Random(0)
     lines = ["".join(rng.choice(words if i % 2 else spaces) for i in range(rng.randint(0, 20))) for _ in range(600)]
     got = texts(casing.fold(tf.constant(lines)))
     assert got == [fold_reference(line) for line in lines]
-    assert sum(g != line for g, line in zip(got, lines)) > 50  # the rule was exercised (71 lines change)
+    assert sum(g != line for g, line in zip(got, lines)) > 40  # the rule was exercised (56 lines change)
 
 
 def test_restore_upper_cases_only_the_flagged_rows_with_unicode_case_mapping():

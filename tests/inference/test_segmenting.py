@@ -86,6 +86,9 @@ def test_abbreviations_hold_in_a_line_in_capitals_and_once_it_is_lower_cased(src
         assert [p.decode() for p in pieces.numpy()] == [text[:25], text[26:]], text
     pieces, _ = split_for_model(src_tokenizer.tokenize, tf.constant([row]), max_length=1000, cut_over=1)
     assert [p.decode() for p in pieces.numpy()] == ["O sr. Silva leu a pág. 5.", "Depois saiu."]
+    pieces, _ = split_for_model(src_tokenizer.tokenize, tf.constant(["ELE VIU J. K. ROWLING. DEPOIS SAIU."]),
+                                max_length=1000, cut_over=1)
+    assert [p.decode() for p in pieces.numpy()] == ["Ele viu J. K. Rowling.", "Depois saiu."]  # initials kept
     pieces, _ = split_long_sources(src_tokenizer.tokenize, tf.constant(["Eu vi-o. Depois saiu."]), 1000, sentences_over=1)
     assert len(pieces.numpy()) == 2  # a one-letter word in lower case ends a sentence
 

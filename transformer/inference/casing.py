@@ -17,7 +17,9 @@ as typed, 26.0 this way, and verses with a span in capitals gain the same way
 So a *run in capitals* is lower-cased before it is translated (Unicode case mapping,
 `tf.strings.lower`): words (split at white space) with no lower-case letter, side by side,
 of which at least two hold two or more capitals in a row ("Ele disse: NÃO FAÇAS ISSO" →
-"Ele disse: não faças isso"; not a lone "ONU", "OK" or "SENHOR", nor "A B C"). A line
+"Ele disse: não faças isso"; not a lone "ONU", "OK" or "SENHOR", nor "A B C"); an initial
+("J.") is kept, a word after a sentence end keeps its first letter ("VI J. K. ROWLING. ELE" →
+"Vi J. K. Rowling. Ele"). A line
 whose every word is in such a run (`shouted`: a heading, a caps-lock line) also has its
 translation upper-cased; a run inside a line is not given back in capitals (no alignment says
 which English words it became). A line without such a run is translated byte for byte as
@@ -36,6 +38,8 @@ WORD_IN_CAPITALS = r"(?s)[^\p{Ll}]*\p{Lu}{2,}[^\p{Ll}]*"
 HAS_LOWER_CASE = r"(?s).*\p{Ll}.*"
 # A word that ends a sentence, and a word's first letter (with what comes before it) and the rest.
 SENTENCE_END = r"(?s).*[.!?…][\"'”’»)\]]*"
+# An initial ("J." of "J. K. ROWLING"): kept as typed, so that a cut at sentence ends still skips it.
+INITIAL = r"(?s)\PL*\p{Lu}\.\PL*"
 FIRST_LETTER = r"(?s)(\PL*\pL)(.*)"
 # Put around white space, then split on, so that words and the white space between them come
 # apart and join back byte for byte: a byte that valid UTF-8 never holds.
@@ -64,7 +68,8 @@ def fold(sentences: tf.Tensor) -> tf.Tensor:
     run = tf.cumsum(tf.cast(tf.logical_or(lower_case, row_start), tf.int32)) - 1
     in_capitals = tf.cast(tf.strings.regex_full_match(words, WORD_IN_CAPITALS), tf.int32)
     words_in_run = tf.math.unsorted_segment_sum(in_capitals, run, tf.size(words))
-    folded = tf.logical_and(tf.logical_not(lower_case), tf.gather(words_in_run, run) >= 2)
+    folded = tf.logical_and(tf.logical_not(tf.logical_or(lower_case, tf.strings.regex_full_match(words, INITIAL))),
+                            tf.gather(words_in_run, run) >= 2)
     return tf.tensor_scatter_nd_update(sentences, rows[:, None], tf.strings.reduce_join(
         tokens.with_flat_values(tf.where(folded, _sentence_case(tokens), words)), axis=1))
 
