@@ -154,8 +154,8 @@ def fold_reference(line: str) -> str:
         for place in run:
             word = parts[place]
             letters = [c for c in word if unicodedata.category(c).startswith("L")]
-            if len(letters) == 1 and unicodedata.category(letters[0]) == "Lu" and letters[0] + "." in word:
-                continue  # an initial, kept as typed
+            if len(letters) == 1 and "A" <= letters[0] <= "Z" and letters[0] + "." in word:
+                continue  # an initial (A–Z and a period), kept as typed
             letter = next((i for i, c in enumerate(word) if unicodedata.category(c).startswith("L")), None)
             starts = place == 0 or parts[place - 2] == "" or _SENTENCE_END.fullmatch(parts[place - 2])
             parts[place] = word[:letter + 1] + word[letter + 1:].lower() if starts and letter is not None else word.lower()

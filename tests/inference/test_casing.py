@@ -40,6 +40,7 @@ def test_a_line_is_shouted_when_it_has_no_lower_case_letter_and_two_words_in_cap
     ("x ÉÉ ÉÉ y ÉÉ z ÀÀ ÀÀ", "x éé éé y ÉÉ z àà àà"),  # each run on its own: one word is not a run
     ("o SENHOR DEUS disse", "o senhor deus disse"),
     ("eu vi J. K. ROWLING ONTEM", "eu vi J. K. Rowling ontem"),  # initials kept, the cut at sentence ends skips them
+    ("ASSIM É. DEPOIS SAIU.", "Assim é. Depois saiu."),  # "É." is a word at a sentence end, not an initial
     ("O SENHOR disse a Moisés", "O SENHOR disse a Moisés"),  # one word in capitals: as typed
     ("a ONU e a OTAN", "a ONU e a OTAN"),  # acronyms apart
     ("  A B C", "  A B C"),  # no word of two capitals

@@ -89,6 +89,9 @@ def test_abbreviations_hold_in_a_line_in_capitals_and_once_it_is_lower_cased(src
     pieces, _ = split_for_model(src_tokenizer.tokenize, tf.constant(["ELE VIU J. K. ROWLING. DEPOIS SAIU."]),
                                 max_length=1000, cut_over=1)
     assert [p.decode() for p in pieces.numpy()] == ["Ele viu J. K. Rowling.", "Depois saiu."]  # initials kept
+    pieces, _ = split_for_model(src_tokenizer.tokenize, tf.constant(["ELE DISSE QUE ASSIM É. DEPOIS SAIU."]),
+                                max_length=1000, cut_over=1)
+    assert [p.decode() for p in pieces.numpy()] == ["Ele disse que assim é.", "Depois saiu."]  # "É." is a word
     pieces, _ = split_long_sources(src_tokenizer.tokenize, tf.constant(["Eu vi-o. Depois saiu."]), 1000, sentences_over=1)
     assert len(pieces.numpy()) == 2  # a one-letter word in lower case ends a sentence
 

@@ -18,9 +18,9 @@ So a *run in capitals* is lower-cased before it is translated (Unicode case mapp
 `tf.strings.lower`): words (split at white space) with no lower-case letter, side by side,
 of which at least two hold two or more capitals in a row ("Ele disse: NÃO FAÇAS ISSO" →
 "Ele disse: não faças isso"; not a lone "ONU", "OK" or "SENHOR", nor "A B C"); an initial
-("J.") is kept, a word after a sentence end keeps its first letter ("VI J. K. ROWLING. ELE" →
-"Vi J. K. Rowling. Ele"). A line
-whose every word is in such a run (`shouted`: a heading, a caps-lock line) also has its
+(a capital A–Z and a period: "J.", not the word "É.") is kept, a word after a sentence end
+keeps its first letter ("VI J. K. ROWLING. ELE" → "Vi J. K. Rowling. Ele"). A line whose
+every word is in such a run (`shouted`: a heading, a caps-lock line) also has its
 translation upper-cased; a run inside a line is not given back in capitals (no alignment says
 which English words it became). A line without such a run is translated byte for byte as
 typed. All TensorFlow ops: an export does the same.
@@ -38,8 +38,9 @@ WORD_IN_CAPITALS = r"(?s)[^\p{Ll}]*\p{Lu}{2,}[^\p{Ll}]*"
 HAS_LOWER_CASE = r"(?s).*\p{Ll}.*"
 # A word that ends a sentence, and a word's first letter (with what comes before it) and the rest.
 SENTENCE_END = r"(?s).*[.!?…][\"'”’»)\]]*"
-# An initial ("J." of "J. K. ROWLING"): kept as typed, so that a cut at sentence ends still skips it.
-INITIAL = r"(?s)\PL*\p{Lu}\.\PL*"
+# An initial ("J." of "J. K. ROWLING"), a capital A–Z and a period as segmenting's abbreviations
+# read it: kept as typed, so that a cut at sentence ends still skips it. "É." is a word ("ASSIM É.").
+INITIAL = r"(?s)\PL*[A-Z]\.\PL*"
 FIRST_LETTER = r"(?s)(\PL*\pL)(.*)"
 # Put around white space, then split on, so that words and the white space between them come
 # apart and join back byte for byte: a byte that valid UTF-8 never holds.
