@@ -17,7 +17,7 @@ host-side) time spent in kernels. Ops on parallel inter-op threads overlap, so d
 can exceed the steps' wall time; the shares are of device time. Overlapping ops also share
 the cores, so each one's span stretches: with `TF_NUM_INTEROP_THREADS=1` ops run one at a
 time and each category's figure is its own cost (on a 2-core EPYC Zen 4, the default model's
-bfloat16 step: 326 µs per real target token with the default pools, 214 with one thread,
+bfloat16 step at 3 layers: 326 µs per real target token with the default pools, 214 with one thread,
 docs/speed.md). Ops of the input pipeline
 (tf.data threads, e.g. tokenization while the cache fills) are left out: the step-time
 report measures the input wait. With `--xla` the step is one
