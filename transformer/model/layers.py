@@ -32,6 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from transformer.model.affine import affine
 from transformer.model.dropout import FastDropout, fast_dropout
 from transformer.model.layer_norm import LayerNorm
 
@@ -141,7 +142,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 key_heads, value_heads = cache[:, 0], cache[:, 1]
         output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training,
                                       query_scaled=bool(training))
-        output = self._output_dense(output) if training else self._project_output(output)
+        output = self._output_training(output) if training else self._project_output(output)
         results = (output,)
         if return_attention_scores:
             results += (scores,)
@@ -179,6 +180,13 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 y = _without_bias(y, bias) if dense is self._key_dense else y + tf.cast(bias, dtype)
             heads.append(y)
         return heads
+
+    def _output_training(self, heads):
+        """Training's output projection `[B, T, N, H]` → `[B, T, dim]`: one `affine` on the heads
+        flattened to `N·H` (a fused MatMul + BiasAdd, its bias gradient summed in float32)."""
+        matrix, bias = dense_matrix(self._output_dense, self.compute_dtype, inputs=2)  # [N·H, dim], [dim]
+        shape = tf.shape(heads)
+        return affine(tf.reshape(heads, [shape[0], shape[1], matrix.shape[0]]), matrix, bias)
 
     def _project_heads(self, x, denses) -> list:
         """Inference's input projections `denses` (EinsumDense "abc,cde->abde", kernels `[dim, N,
@@ -317,10 +325,10 @@ class FeedForward(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x, training=None):
-        hidden = self.inner(x)
+        hidden = affine(x, *dense_matrix(self.inner, self.compute_dtype), relu=True)
         if self.inner_dropout is not None:
             hidden = self.inner_dropout(hidden, training=training)
-        return self.dropout(self.outer(hidden), training=training)
+        return self.dropout(affine(hidden, *dense_matrix(self.outer, self.compute_dtype)), training=training)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate,
