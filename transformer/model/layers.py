@@ -142,7 +142,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 key_heads, value_heads = cache[:, 0], cache[:, 1]
         output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training,
                                       query_scaled=bool(training))
-        output = self._output_training(output) if training else self._project_output(output)
+        output = self._project_output(output)
         results = (output,)
         if return_attention_scores:
             results += (scores,)
@@ -181,13 +181,6 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
             heads.append(y)
         return heads
 
-    def _output_training(self, heads):
-        """Training's output projection `[B, T, N, H]` → `[B, T, dim]`: one `affine` on the heads
-        flattened to `N·H` (a fused MatMul + BiasAdd, its bias gradient summed in float32)."""
-        matrix, bias = dense_matrix(self._output_dense, self.compute_dtype, inputs=2)  # [N·H, dim], [dim]
-        shape = tf.shape(heads)
-        return affine(tf.reshape(heads, [shape[0], shape[1], matrix.shape[0]]), matrix, bias)
-
     def _project_heads(self, x, denses) -> list:
         """Inference's input projections `denses` (EinsumDense "abc,cde->abde", kernels `[dim, N,
         H]`) of `x [B, T, dim]` → one `[B, T, N, H]` per dense, computed as ONE 2-D matmul
@@ -206,11 +199,12 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def _project_output(self, heads):
         """The output projection (EinsumDense "abcd,cde->abe", kernel `[N, H, dim]`) of
-        `heads [B, T, N, H]` → `[B, T, dim]`, as one 2-D matmul (see `_project_heads`)."""
+        `heads [B, T, N, H]` → `[B, T, dim]`, as one 2-D matmul (see `_project_heads`) plus bias:
+        `affine`, which the remapper fuses into one kernel and whose bias gradient is summed in
+        float32 (training and inference alike)."""
         matrix, bias = dense_matrix(self._output_dense, heads.dtype, inputs=2)  # [N·H, dim], [dim]
-        y = tf.matmul(tf.reshape(heads, [-1, matrix.shape[0]]), matrix) + bias
         shape = tf.shape(heads)
-        return tf.reshape(y, [shape[0], shape[1], matrix.shape[1]])
+        return affine(tf.reshape(heads, [shape[0], shape[1], matrix.shape[0]]), matrix, bias)
 
     def attend_inputs(self, query, inputs, attention_mask=None):
         """Attention over `inputs [B, S, dim]` without materialising per-head keys/values.
