@@ -1,8 +1,9 @@
-"""Training's dense layers as one 2-D product: `x · W + b` (then ReLU), fused forward, summed-in-float32 bias gradient.
+"""The FFN's and attention output's dense layers as one 2-D product: `x · W + b` (then ReLU), fused
+forward, bias gradient summed in float32.
 
     y = affine(x, kernel, bias, relu=True)   # x [..., d_in], kernel [d_in, d_out], bias [d_out] → [..., d_out]
 
-Two things Keras' `Dense` / `EinsumDense` leave on the table in a CPU training step:
+Two things Keras' `Dense` / `EinsumDense` leave on the table on a CPU, in training above all:
 
 - **The bias gradient is wrong in bfloat16.** Keras 3 adds the bias with `tf.nn.bias_add`, whose
   gradient `BiasAddGrad` sums bfloat16 rows in bfloat16 on a CPU: every FFN and attention-output
