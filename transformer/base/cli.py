@@ -40,6 +40,7 @@ from transformer.base.constants import (
     CTRANSLATE2_COMPUTE_TYPES,
     DEVICES,
     EXPORT_MANIFEST,
+    FUSED_KERNEL_MODES,
     HEAD_WIDTHS,
     LAYER_NORMS,
     LR_SCALINGS,
@@ -319,6 +320,10 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                        help="keep XLA-compiled programs across runs in this directory (default auto: "
                             "$TRANSFORMER_XLA_CACHE, else $XDG_CACHE_HOME/transformer-nmt/xla/<machine key>); "
                             "used when XLA may be on")
+    group.add_argument("--fused-kernels", choices=FUSED_KERNEL_MODES,
+                       help="C++ kernels for layer norm and attention softmax + dropout in CPU training, built "
+                            "on first use with g++ (default auto: on for CPU without XLA when they build; "
+                            "see transformer/runtime/fused_kernels.py)")
     group.add_argument("--output", dest="output_dir", help="run directory (checkpoints, logs, reports)")
     group.add_argument("--resume", action="store_true", default=None, help="continue from the last checkpoint in --output")
     group.add_argument("--init-from", metavar="RUN",

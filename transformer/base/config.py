@@ -26,6 +26,7 @@ from transformer.base import atomic
 from transformer.base.constants import (
     BUDGET_CLOCKS,
     DEVICES,
+    FUSED_KERNEL_MODES,
     HEAD_WIDTHS,
     LAYER_NORMS,
     LENGTH_GRIDS,
@@ -340,6 +341,7 @@ class TrainConfig:
     xla: Optional[bool] = None  # None: auto (transformer/runtime/precision.py); True/False: --xla/--no-xla
     xla_warmup: bool = True  # with XLA: compile every planned batch shape at the start, at once (training/xla_warmup.py)
     xla_cache: str = "auto"  # XLA's persistent program cache: auto | off | a directory (runtime/xla_cache.py, xla_cache_dir)
+    fused_kernels: str = "auto"  # auto | on | off: C++ layer norm + attention softmax, CPU training (runtime/fused_kernels.py)
     output_dir: str = "runs/latest"
     resume: bool = False
     # --init-from: a new run starting from another run's weights (transformer/training/init_from.py)
@@ -426,6 +428,8 @@ class TrainConfig:
             raise ValueError("train.init_from must be a run directory, got ''")
         if not self.init_checkpoint.strip():
             raise ValueError("train.init_checkpoint must be latest, best, averaged, ema or a checkpoint prefix, got ''")
+        if self.fused_kernels not in FUSED_KERNEL_MODES:
+            raise ValueError(f"train.fused_kernels must be {one_of(FUSED_KERNEL_MODES)}, got {self.fused_kernels!r}")
         if not self.xla_cache.strip():
             raise ValueError(f"train.xla_cache must be {', '.join(XLA_CACHE_MODES)} or a directory, got ''")
         for name in ("backup_every_steps", "auto_batch_floor", "bleu_every_steps", "early_stop_patience",

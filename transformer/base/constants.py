@@ -23,6 +23,7 @@ DEVICES = ("auto", "cpu", "gpu")  # --device
 PRECISION_MODES = ("off", "float16", "bfloat16")  # explicit --mixed-precision values
 PRECISIONS = ("auto", *PRECISION_MODES)  # --mixed-precision (auto: transformer/runtime/precision.py decides)
 XLA_MODES = ("auto", "on", "off")  # --xla
+FUSED_KERNEL_MODES = ("auto", "on", "off")  # --fused-kernels (transformer/runtime/fused_kernels.py)
 STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker", "tpu")  # --strategy
 PIPELINE_KINDS = ("optimized", "naive")  # --pipeline
 TRAINING_BATCHES = ("planned", "streamed")  # --training-batches (transformer/data/epoch_plan.py)

@@ -14,12 +14,18 @@ Measured on `[64, 32, 256]` bfloat16, forward + backward: 1.30× Keras' layer (Z
 core, contended). `LayerNorm` is a drop-in `keras.layers.LayerNormalization` (same
 config, same `gamma`/`beta` variables, so checkpoints of the Keras layer load unchanged);
 it falls back to Keras' computation for other axes, `rms_scaling` or no center/scale.
+
+In training calls, while the fused CPU kernels are enabled (`transformer/runtime/fused_kernels.py`),
+`fused_layer_norm` computes the same function and gradient in one C++ kernel each way, on x's own
+dtype (no casts): 3.3× the closed form above on `[64, 32, 256]` bfloat16, forward + backward.
 """
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
+
+from transformer.runtime.fused_kernels import active_kernels
 
 
 def _normalized(x32: tf.Tensor, epsilon: float) -> tuple:
@@ -61,14 +67,37 @@ def layer_norm(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float) 
     return tf.cast(y, x.dtype)
 
 
+def fused_layer_norm(kernels, x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float) -> tf.Tensor:
+    """`layer_norm` by the fused kernels' `FusedLayerNorm` (`kernels`: the op library), x's dtype in and out.
+
+    x: `[..., d]` float32, bfloat16 or float16; gamma, beta: `[d]` (cast to float32).
+    """
+
+    @tf.custom_gradient
+    def _norm(x, gamma, beta):
+        y, mean, inv = kernels.fused_layer_norm(x, gamma, beta, epsilon=epsilon)
+
+        def grad(dy):
+            with tf.name_scope("layer_norm_grad"):
+                return kernels.fused_layer_norm_grad(dy, x, gamma, mean, inv)
+
+        return y, grad
+
+    return _norm(x, tf.cast(gamma, tf.float32), tf.cast(beta, tf.float32))
+
+
 @keras.saving.register_keras_serializable(package="transformer")
 class LayerNorm(keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` computed by `layer_norm` (last axis, center and scale)."""
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         if (list(self.axis) in ([-1], [len(inputs.shape) - 1]) and self.center and self.scale
                 and not self.rms_scaling):
             x = tf.convert_to_tensor(inputs)
+            kernels = active_kernels() if training else None
+            if kernels is not None and x.dtype in (tf.float32, tf.bfloat16, tf.float16):
+                return tf.cast(fused_layer_norm(kernels, x, tf.convert_to_tensor(self.gamma),
+                                                tf.convert_to_tensor(self.beta), self.epsilon), self.compute_dtype)
             return tf.cast(layer_norm(x, tf.convert_to_tensor(self.gamma), tf.convert_to_tensor(self.beta),
                                       self.epsilon), self.compute_dtype)
         return super().call(inputs)

@@ -35,6 +35,7 @@ import tensorflow as tf
 from transformer.model.affine import affine
 from transformer.model.dropout import FastDropout, fast_dropout
 from transformer.model.layer_norm import LayerNorm
+from transformer.runtime.fused_kernels import active_kernels
 
 NEG_INF = -1e9
 
@@ -243,6 +244,11 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
         logits = tf.matmul(query_heads, key_heads, transpose_b=True)
+        kernels = active_kernels() if training else None
+        if kernels is not None and attention_mask is not None and logits.dtype in (tf.float32, tf.bfloat16, tf.float16):
+            dropped, scores = self._fused_softmax(kernels, logits, attention_mask)
+            output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
+            return tf.transpose(output, [0, 2, 1, 3]), tf.cast(scores, tf.float32)  # [B, T, N, H]
         logits = tf.cast(logits, tf.float32)  # [B, N, T, S]
         if attention_mask is not None:
             # An additive bias (0 or NEG_INF), built on the head-less mask: masked weights are
@@ -259,6 +265,52 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                                 getattr(self._dropout_layer, "dropout_switch", None)) if use_dropout else scores)
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
+
+    def _fused_softmax(self, kernels, logits, attention_mask):
+        """Training's mask + softmax + attention dropout by the fused kernels (one op each way).
+
+        logits: `[B, N, T, S]` in the compute dtype; attention_mask: bool, broadcastable to
+        `[B, T, S]`. Returns (dropped scores, scores) in logits' dtype. The dropout rate is a
+        tensor (0 while a late-dropout switch is off: no random numbers) and the seed comes from
+        the Keras dropout's seed generator, as `fast_dropout`'s; the random stream differs
+        from it (a hash of each element's position, not Philox).
+        """
+        shape = tf.shape(logits)
+        mask = tf.cast(attention_mask, tf.bool)
+        while mask.shape.rank < 3:
+            mask = mask[tf.newaxis]
+        mask = tf.broadcast_to(mask, [shape[0], shape[2], shape[3]])
+        if self._dropout > 0:
+            rate = tf.constant(self._dropout, tf.float32)
+            switch = getattr(self._dropout_layer, "dropout_switch", None)
+            if switch is not None:
+                rate = tf.where(switch.on, rate, 0.0)
+            seed = tf.cast(tf.math.floormod(self._dropout_layer.seed_generator.next(), tf.int32.max - 1), tf.int32)
+        else:
+            rate, seed = tf.constant(0.0), tf.zeros([2], tf.int32)
+        return masked_softmax_dropout(kernels, logits, mask, rate, seed)
+
+
+def masked_softmax_dropout(kernels, logits, mask, rate, seed):
+    """`FusedAttentionSoftmax` with its gradient: (dropout(softmax(logits + mask bias)), softmax(…)).
+
+    logits: `[B, N, T, S]` float32/bfloat16/float16; mask: bool `[B, T, S]` (False: NEG_INF
+    added); rate: float32 scalar; seed: int32 `[2]`. Both results in logits' dtype; only the
+    first carries a gradient (the second is for attention plots).
+    """
+
+    @tf.custom_gradient
+    def _softmax(logits):
+        dropped, scores = kernels.fused_attention_softmax(logits, mask, rate, seed, mask_value=NEG_INF)
+
+        def grad(d_dropped, d_scores=None):
+            with tf.name_scope("softmax_grad"):
+                return kernels.fused_attention_softmax_grad(d_dropped, scores, rate, seed)
+
+        return (dropped, tf.stop_gradient(scores)), grad
+
+    with tf.name_scope("softmax"):
+        return _softmax(logits)
 
 
 @tf.custom_gradient

@@ -68,6 +68,7 @@ from transformer.runtime import distribute
 from transformer.runtime.devices import select_device, set_precision
 from transformer.runtime.faults import DivergenceGuard, InterruptHandler
 from transformer.runtime.flops import TransformerDims
+from transformer.runtime.fused_kernels import enable_fused_kernels
 from transformer.runtime.precision import PrecisionDecision, decide_precision
 from transformer.runtime.runlock import RunLock, make_run_dir
 from transformer.runtime.threads import configure_training_threads
@@ -300,6 +301,8 @@ def _train(config: RunConfig, run_dir: Path, write_dir: Path, strategy_name: str
                                 "tpu" if strategy_name == "tpu" else device, config.pipeline.kind)
     config = _with_decision(requested, decision)  # XLA on a GPU may still change (`_decide_xla`)
     policy = set_precision(config.train.mixed_precision, device)
+    # before the model is traced; XLA on a GPU may still change below, where these CPU kernels are off anyway
+    report.run["fused_kernels"] = enable_fused_kernels(config.train.fused_kernels, device, config.train.xla)
     keras.utils.set_random_seed(config.train.seed)
 
     corpus = load_corpus(config.data)

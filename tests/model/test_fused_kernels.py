@@ -1,0 +1,180 @@
+"""The fused CPU kernels (transformer/runtime/fused_kernels.cc) compute what the model's TensorFlow
+ops compute: layer norm and the attention's masked softmax, values and gradients; their dropout
+drops at its rate and its gradient follows the same mask; only training calls use them."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers_model import build, random_ids
+
+from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
+from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
+from transformer.model.layers import NEG_INF, masked_softmax_dropout
+from transformer.runtime.fused_kernels import KernelsUnavailable, disable_fused_kernels, enable_fused_kernels
+
+FUSED_OPS = {"FusedLayerNorm", "FusedLayerNormGrad", "FusedAttentionSoftmax", "FusedAttentionSoftmaxGrad"}
+
+
+@pytest.fixture
+def kernels():
+    """The op library, enabled for the model's training calls during the test."""
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        state = enable_fused_kernels("on", "cpu", xla=False)
+    except KernelsUnavailable as err:
+        pytest.skip(f"fused kernels cannot be built here: {err}")
+    from transformer.runtime.fused_kernels import active_kernels
+    assert state["enabled"]
+    yield active_kernels()
+    disable_fused_kernels()
+
+
+def _as_float(t):
+    return tf.cast(tf.convert_to_tensor(t), tf.float32).numpy()
+
+
+@pytest.mark.parametrize("dtype,shape", [(tf.float32, (3, 5, 20)), (tf.float32, (9, 64)), (tf.bfloat16, (4, 7, 48))])
+def test_layer_norm_kernel_matches_the_closed_form(kernels, dtype, shape):
+    rng = np.random.default_rng(0)
+    d = shape[-1]  # 20 and 48 are not multiples of 16: the vector loops' tails run too
+    x = tf.cast(rng.normal(1.0, 3.0, shape), dtype)
+    gamma, beta = tf.constant(rng.normal(1.0, 0.5, d), tf.float32), tf.constant(rng.normal(0.0, 0.5, d), tf.float32)
+    upstream = tf.cast(rng.normal(size=shape), dtype)
+
+    def run(norm):
+        with tf.GradientTape() as tape:
+            tape.watch([x, gamma, beta])
+            y = norm(x, gamma, beta)
+        return [y, *tape.gradient(y, [x, gamma, beta], output_gradients=upstream)]
+
+    got = run(lambda *a: fused_layer_norm(kernels, *a, 1e-6))
+    want = run(lambda *a: layer_norm(*a, 1e-6))
+    assert got[0].dtype == got[1].dtype == dtype and got[2].dtype == tf.float32
+    # float32: summation order only; bfloat16 x and dx: one rounding step of the output apart.
+    tolerance = 1e-5 if dtype == tf.float32 else 3e-2
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(_as_float(a), _as_float(b), atol=tolerance * max(1.0, np.abs(_as_float(b)).max()),
+                                   rtol=tolerance)
+
+
+def _reference_softmax(logits, mask):
+    return tf.nn.softmax(tf.cast(logits, tf.float32) + tf.where(mask, 0.0, NEG_INF)[:, tf.newaxis], axis=-1)
+
+
+def _attention_inputs(dtype, shape=(2, 3, 5, 37), seed=0):
+    rng = np.random.default_rng(seed)
+    batch, _, queries, keys = shape
+    logits = tf.cast(rng.normal(0.0, 3.0, shape), dtype)
+    mask = rng.random((batch, queries, keys)) < 0.7
+    mask[0, 1] = False  # a row with every key masked: uniform weights, as the additive bias gives
+    return logits, tf.constant(mask)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_masked_softmax_kernel_without_dropout_matches_tensorflow(kernels, dtype):
+    logits, mask = _attention_inputs(dtype)
+    upstream = tf.cast(np.random.default_rng(1).normal(size=logits.shape), dtype)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits)
+        dropped, scores = masked_softmax_dropout(kernels, logits, mask, tf.constant(0.0), tf.constant([1, 2]))
+        want = _reference_softmax(logits, mask)
+    tolerance = 1e-6 if dtype == tf.float32 else 4e-3
+    np.testing.assert_allclose(_as_float(dropped), want.numpy(), atol=tolerance)
+    np.testing.assert_allclose(_as_float(scores), want.numpy(), atol=tolerance)
+    np.testing.assert_allclose(_as_float(dropped[0, :, 1]), 1 / 37, atol=tolerance)  # the fully masked row
+    got_grad = tape.gradient(dropped, logits, output_gradients=upstream)
+    want_grad = tape.gradient(want, logits, output_gradients=tf.cast(upstream, tf.float32))
+    np.testing.assert_allclose(_as_float(got_grad), want_grad.numpy(), atol=1e-6 if dtype == tf.float32 else 2e-2)
+
+
+def test_dropout_kernel_drops_at_its_rate_and_its_gradient_follows_the_same_mask(kernels):
+    logits, mask = _attention_inputs(tf.float32, shape=(4, 4, 32, 40))
+    rate, seed = tf.constant(0.25), tf.constant([7, 11])
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        dropped, scores = masked_softmax_dropout(kernels, logits, mask, rate, seed)
+    upstream = tf.constant(np.random.default_rng(2).normal(size=logits.shape), tf.float32)
+    grad = tape.gradient(dropped, logits, output_gradients=upstream)
+    probs = _reference_softmax(logits, mask)
+    kept = (dropped.numpy() != 0) | (probs.numpy() == 0)
+    weighted = probs.numpy() > 0  # ~70% of 20,480 (the others are masked)
+    assert abs(1 - kept[weighted].mean() - 0.25) < 0.015
+    np.testing.assert_allclose(dropped.numpy()[kept], probs.numpy()[kept] / 0.75, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(scores.numpy(), probs.numpy(), atol=1e-6)  # the scores are not dropped
+    with tf.GradientTape() as tape:  # the same mask, by autodiff
+        tape.watch(logits)
+        want = _reference_softmax(logits, mask) * tf.constant(kept / 0.75, tf.float32)
+    np.testing.assert_allclose(grad.numpy(), tape.gradient(want, logits, output_gradients=upstream).numpy(), atol=1e-6)
+
+    again, _ = masked_softmax_dropout(kernels, logits, mask, rate, seed)
+    other, _ = masked_softmax_dropout(kernels, logits, mask, rate, tf.constant([7, 12]))
+    np.testing.assert_array_equal(again.numpy(), dropped.numpy())  # a seed decides the mask
+    assert ((other.numpy() == 0) != (dropped.numpy() == 0)).mean() > 0.2  # another seed, another mask
+    everything, _ = masked_softmax_dropout(kernels, logits, mask, tf.constant(1.0), seed)
+    assert not everything.numpy().any()
+
+
+def _op_types(function, *args) -> set:
+    return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
+
+
+def test_only_training_calls_use_the_kernels(kernels, tiny_model_config):
+    """Inference graphs (the translator, every export) must load without the library."""
+    config = tiny_model_config(dropout_rate=0.1)
+    model = build(config)
+    src, tgt = (tf.constant(a) for a in random_ids(config))
+
+    def step(training):
+        @tf.function
+        def forward(src, tgt):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model((src, tgt), training=training))
+            return tape.gradient(loss, model.trainable_variables)
+        return forward
+
+    assert FUSED_OPS <= _op_types(step(True), src, tgt)
+    assert not FUSED_OPS & _op_types(step(False), src, tgt)
+    norm = LayerNorm()
+    norm.build((None, 8))
+    assert not FUSED_OPS & _op_types(tf.function(lambda x: norm(x)), tf.TensorSpec([None, 8]))
+
+
+def test_model_training_pass_equals_tensorflow_ops_without_dropout(kernels, tiny_model_config):
+    config = tiny_model_config(dropout_rate=0.1)
+    model = build(config)
+    src, tgt = random_ids(config)
+    switch = DropoutSwitch(on=False)  # late dropout, off: the rate tensor is 0 inside the kernel
+    attach_dropout_switch(model, switch)
+
+    def loss_and_grads():
+        with tf.GradientTape() as tape:
+            logits = model((src, tgt), training=True)
+            loss = tf.reduce_mean(tf.square(logits))
+        return [logits, *tape.gradient(loss, model.trainable_variables)]
+
+    fused = loss_and_grads()
+    disable_fused_kernels()
+    plain = loss_and_grads()
+    for got, want in zip(fused, plain):
+        if want is not None:
+            np.testing.assert_allclose(_as_float(got), _as_float(want), atol=2e-5, rtol=1e-4)
+
+
+def test_training_with_the_kernels_lowers_the_loss(kernels, tiny_model_config):
+    config = tiny_model_config(dropout_rate=0.1)
+    model = build(config)
+    src, tgt = random_ids(config)
+    optimizer = tf.keras.optimizers.Adam(3e-3)
+
+    @tf.function
+    def train_step():
+        with tf.GradientTape() as tape:
+            logits = model((src, tgt[:, :-1]), training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(tgt[:, 1:], logits, from_logits=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    assert FUSED_OPS <= _op_types(train_step)
+    losses = [float(train_step()) for _ in range(40)]
+    assert losses[-1] < 0.6 * losses[0]

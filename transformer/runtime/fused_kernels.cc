@@ -1,0 +1,415 @@
+// Fused CPU kernels for the training step (transformer/runtime/fused_kernels.py builds and loads them).
+//
+//   FusedLayerNorm / FusedLayerNormGrad: layer norm over the last axis, statistics in float32, one
+//     pass over the rows each way (TensorFlow's op-at-a-time graph makes ~10 passes forward and ~12 back).
+//   FusedAttentionSoftmax / FusedAttentionSoftmaxGrad: attention logits [B, N, T, S] + a boolean mask
+//     [B, T, S] (false: `mask_value` added), softmax in float32, dropout, one pass each way; the
+//     dropout mask is not stored but recomputed in the gradient from the same seed (a counter-based
+//     hash of the element's position).
+//
+// x/logits and their gradients are float32, bfloat16 or float16; gamma, beta, statistics float32.
+// Rows are split over TensorFlow's intra-op threads (`Shard`); every result is independent of the
+// thread count (dgamma/dbeta sum fixed blocks of rows in a fixed order).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+using namespace tensorflow;
+
+namespace {
+
+inline float to_float(float v) { return v; }
+inline float to_float(Eigen::bfloat16 v) {
+  uint32_t bits = static_cast<uint32_t>(Eigen::numext::bit_cast<uint16_t>(v)) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float to_float(Eigen::half v) { return static_cast<float>(v); }
+
+template <typename T> inline T from_float(float v) { return static_cast<T>(v); }
+template <> inline Eigen::bfloat16 from_float<Eigen::bfloat16>(float v) {
+  // round to nearest even (NaN stays NaN: its mantissa is non-zero in the kept bits)
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return Eigen::numext::bit_cast<Eigen::bfloat16>(static_cast<uint16_t>(bits >> 16));
+}
+
+Status RowShape(shape_inference::InferenceContext* c, int input, shape_inference::ShapeHandle* out) {
+  shape_inference::ShapeHandle x = c->input(input);
+  if (!c->RankKnown(x)) { *out = c->UnknownShape(); return OkStatus(); }
+  return c->Subshape(x, 0, -1, out);
+}
+
+}  // namespace
+
+REGISTER_OP("FusedLayerNorm")
+    .Input("x: T").Input("gamma: float").Input("beta: float")
+    .Output("y: T").Output("mean: float").Output("inv: float")
+    .Attr("T: {float, bfloat16, half}").Attr("epsilon: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      shape_inference::ShapeHandle rows;
+      TF_RETURN_IF_ERROR(RowShape(c, 0, &rows));
+      c->set_output(1, rows);
+      c->set_output(2, rows);
+      return OkStatus();
+    });
+
+REGISTER_OP("FusedLayerNormGrad")
+    .Input("dy: T").Input("x: T").Input("gamma: float").Input("mean: float").Input("inv: float")
+    .Output("dx: T").Output("dgamma: float").Output("dbeta: float")
+    .Attr("T: {float, bfloat16, half}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      c->set_output(1, c->input(2));
+      c->set_output(2, c->input(2));
+      return OkStatus();
+    });
+
+template <typename T>
+class FusedLayerNormOp : public OpKernel {
+ public:
+  explicit FusedLayerNormOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const Tensor& gamma = ctx->input(1);
+    const Tensor& beta = ctx->input(2);
+    OP_REQUIRES(ctx, x.dims() >= 1, errors::InvalidArgument("x must have rank >= 1"));
+    const int64_t d = x.dim_size(x.dims() - 1);
+    OP_REQUIRES(ctx, gamma.NumElements() == d && beta.NumElements() == d,
+                errors::InvalidArgument("gamma and beta must have x's last dimension"));
+    TensorShape rows_shape = x.shape();
+    rows_shape.RemoveLastDims(1);
+    Tensor *y, *mean, *inv;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &y));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, rows_shape, &mean));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, rows_shape, &inv));
+    const int64_t rows = d > 0 ? x.NumElements() / d : 0;
+    const T* xp = x.flat<T>().data();
+    T* yp = y->flat<T>().data();
+    const float* g = gamma.flat<float>().data();
+    const float* b = beta.flat<float>().data();
+    float* mp = mean->flat<float>().data();
+    float* ip = inv->flat<float>().data();
+    const float eps = epsilon_;
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> row(d);
+      for (int64_t r = begin; r < end; ++r) {
+        const T* xr = xp + r * d;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < d; ++j) { row[j] = to_float(xr[j]); sum += row[j]; }
+        const float mu = sum / d;
+        float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+        for (int64_t j = 0; j < d; ++j) { const float c = row[j] - mu; sq += c * c; }
+        const float rs = 1.f / std::sqrt(sq / d + eps);
+        mp[r] = mu;
+        ip[r] = rs;
+        T* yr = yp + r * d;
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) yr[j] = from_float<T>((row[j] - mu) * rs * g[j] + b[j]);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, rows, 8 * d, work);
+  }
+ private:
+  float epsilon_;
+};
+
+template <typename T>
+class FusedLayerNormGradOp : public OpKernel {
+ public:
+  explicit FusedLayerNormGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& dy = ctx->input(0);
+    const Tensor& x = ctx->input(1);
+    const Tensor& gamma = ctx->input(2);
+    const Tensor& mean = ctx->input(3);
+    const Tensor& inv = ctx->input(4);
+    OP_REQUIRES(ctx, dy.shape() == x.shape(), errors::InvalidArgument("dy and x shapes differ"));
+    const int64_t d = x.dim_size(x.dims() - 1);
+    const int64_t rows = d > 0 ? x.NumElements() / d : 0;
+    OP_REQUIRES(ctx, mean.NumElements() == rows && inv.NumElements() == rows,
+                errors::InvalidArgument("mean/inv must have one value per row"));
+    Tensor *dx, *dgamma, *dbeta;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, gamma.shape(), &dgamma));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, gamma.shape(), &dbeta));
+    const T* dyp = dy.flat<T>().data();
+    const T* xp = x.flat<T>().data();
+    T* dxp = dx->flat<T>().data();
+    const float* g = gamma.flat<float>().data();
+    const float* mp = mean.flat<float>().data();
+    const float* ip = inv.flat<float>().data();
+    // Rows in fixed blocks, each with its own dgamma/dbeta partial sums (summed in block order:
+    // deterministic whatever the thread count).
+    const int64_t block = 64;
+    const int64_t blocks = (rows + block - 1) / block;
+    std::vector<float> partial(2 * blocks * d, 0.f);
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> xh(d), gy(d);
+      for (int64_t k = begin; k < end; ++k) {
+        float* pg = partial.data() + 2 * k * d;
+        float* pb = pg + d;
+        for (int64_t r = k * block; r < std::min(rows, (k + 1) * block); ++r) {
+          const T* xr = xp + r * d;
+          const T* dr = dyp + r * d;
+          const float mu = mp[r], rs = ip[r];
+          float sg = 0.f, sgx = 0.f;
+#pragma omp simd reduction(+ : sg, sgx)
+          for (int64_t j = 0; j < d; ++j) {
+            const float h = (to_float(xr[j]) - mu) * rs;
+            const float dyj = to_float(dr[j]);
+            const float gj = dyj * g[j];
+            xh[j] = h; gy[j] = gj;
+            sg += gj; sgx += gj * h;
+            pg[j] += dyj * h;
+            pb[j] += dyj;
+          }
+          sg /= d; sgx /= d;
+          T* out = dxp + r * d;
+#pragma omp simd
+          for (int64_t j = 0; j < d; ++j) out[j] = from_float<T>(rs * (gy[j] - sg - xh[j] * sgx));
+        }
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, 12 * d * block, work);
+    float* dg = dgamma->flat<float>().data();
+    float* db = dbeta->flat<float>().data();
+    std::fill(dg, dg + d, 0.f);
+    std::fill(db, db + d, 0.f);
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float* pg = partial.data() + 2 * k * d;
+      for (int64_t j = 0; j < d; ++j) { dg[j] += pg[j]; db[j] += pg[d + j]; }
+    }
+  }
+};
+
+#define REGISTER(T)                                                                              \
+  REGISTER_KERNEL_BUILDER(Name("FusedLayerNorm").Device(DEVICE_CPU).TypeConstraint<T>("T"),     \
+                          FusedLayerNormOp<T>);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("FusedLayerNormGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+                          FusedLayerNormGradOp<T>);
+REGISTER(float)
+REGISTER(Eigen::bfloat16)
+REGISTER(Eigen::half)
+
+// ---- masked softmax + dropout over the last axis of attention logits [B, N, T, S]
+namespace {
+#pragma omp declare simd
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
+  return h;
+}
+// 32 random bits for element j of row r of a call seeded (s0, s1): MurmurHash3's finalizer,
+// keyed per row, then per element (32-bit integer arithmetic only, so the row loop vectorizes).
+inline uint32_t row_key(uint64_t r, uint32_t s1) {
+  return fmix32(static_cast<uint32_t>(r) ^ s1) ^ fmix32(static_cast<uint32_t>(r >> 32) + 0x7f4a7c15u);
+}
+#pragma omp declare simd
+inline uint32_t element_bits(uint32_t j, uint32_t key, uint32_t s0) { return fmix32(fmix32(j + key) ^ s0); }
+
+// exp(x) for float32, vectorizable: 2^n · p(r) with x = n·ln2 + r, |r| <= ln2/2, a degree-6
+// polynomial (relative error ~2e-7); x below -87.3 gives 0.
+#pragma omp declare simd
+inline float fast_exp(float x) {
+  x = std::max(x, -87.33654f);
+  x = std::min(x, 88.37626f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = std::fma(n, -0.693359375f, std::fma(n, 2.12194440e-4f, x));
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r + 1.f);
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x <= -87.33654f ? 0.f : p * scale;
+}
+// The largest of v[0 .. n-1] (n > 0), 16 lanes at a time (a max reduction vectorizes only this way without -ffast-math).
+inline float row_max(const float* v, int64_t n) {
+  float lanes[16];
+  for (int k = 0; k < 16; ++k) lanes[k] = -INFINITY;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; ++k) lanes[k] = lanes[k] > v[j + k] ? lanes[k] : v[j + k];
+  float mx = -INFINITY;
+  for (int k = 0; k < 16; ++k) mx = mx > lanes[k] ? mx : lanes[k];
+  for (; j < n; ++j) mx = mx > v[j] ? mx : v[j];
+  return mx;
+}
+struct DropoutParams {
+  float scale;         // 1 / (1 - rate), 0 when rate >= 1
+  uint64_t threshold;  // keep when bits >= threshold (0: keep all)
+  uint32_t s0, s1;
+};
+Status GetDropout(OpKernelContext* ctx, int rate_input, int seed_input, DropoutParams* p) {
+  const Tensor& rate_t = ctx->input(rate_input);
+  const Tensor& seed_t = ctx->input(seed_input);
+  if (rate_t.NumElements() != 1) return errors::InvalidArgument("rate must be a scalar");
+  if (seed_t.NumElements() != 2) return errors::InvalidArgument("seed must have 2 elements");
+  const float rate = rate_t.flat<float>()(0);
+  if (!(rate >= 0.f && rate <= 1.f)) return errors::InvalidArgument("rate must be in [0, 1], got ", rate);
+  p->threshold = static_cast<uint64_t>(std::llround(static_cast<double>(rate) * 4294967296.0));
+  p->scale = rate < 1.f ? 1.f / (1.f - rate) : 0.f;
+  p->s0 = static_cast<uint32_t>(seed_t.flat<int32>()(0));
+  p->s1 = fmix32(static_cast<uint32_t>(seed_t.flat<int32>()(1)) + 0x9e3779b9u);
+  return OkStatus();
+}
+}  // namespace
+
+REGISTER_OP("FusedAttentionSoftmax")
+    .Input("logits: T").Input("mask: bool").Input("rate: float").Input("seed: int32")
+    .Output("dropped: T").Output("probs: T")
+    .Attr("T: {float, bfloat16, half}").Attr("mask_value: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(0));
+      return OkStatus();
+    });
+
+REGISTER_OP("FusedAttentionSoftmaxGrad")
+    .Input("d_dropped: T").Input("probs: T").Input("rate: float").Input("seed: int32")
+    .Output("d_logits: T")
+    .Attr("T: {float, bfloat16, half}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return OkStatus();
+    });
+
+template <typename T>
+class FusedAttentionSoftmaxOp : public OpKernel {
+ public:
+  explicit FusedAttentionSoftmaxOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("mask_value", &mask_value_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& logits = ctx->input(0);
+    const Tensor& mask = ctx->input(1);
+    OP_REQUIRES(ctx, logits.dims() == 4, errors::InvalidArgument("logits must be [B, N, T, S]"));
+    const int64_t B = logits.dim_size(0), N = logits.dim_size(1), T_ = logits.dim_size(2), S = logits.dim_size(3);
+    OP_REQUIRES(ctx, mask.dims() == 3 && mask.dim_size(0) == B && mask.dim_size(1) == T_ && mask.dim_size(2) == S,
+                errors::InvalidArgument("mask must be [B, T, S] = [", B, ", ", T_, ", ", S, "], got ",
+                                        mask.shape().DebugString()));
+    DropoutParams dp;
+    OP_REQUIRES_OK(ctx, GetDropout(ctx, 2, 3, &dp));
+    Tensor *dropped, *probs;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dropped));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, logits.shape(), &probs));
+    const T* lp = logits.flat<T>().data();
+    const bool* mp = mask.flat<bool>().data();
+    T* yp = dropped->flat<T>().data();
+    T* pp = probs->flat<T>().data();
+    const float neg = mask_value_;
+    auto work = [=](int64_t begin, int64_t end) {
+      std::vector<float> row(S);
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t b = r / (N * T_), t = r % T_;
+        const uint8_t* mr = reinterpret_cast<const uint8_t*>(mp + (b * T_ + t) * S);
+        const T* lr = lp + r * S;
+        float* v = row.data();
+#pragma omp simd
+        for (int64_t j = 0; j < S; ++j) v[j] = to_float(lr[j]) + static_cast<float>(1 - mr[j]) * neg;
+        const float mx = row_max(v, S);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < S; ++j) { v[j] = fast_exp(v[j] - mx); sum += v[j]; }
+        const float inv = 1.f / sum;
+        T* pr = pp + r * S;
+        T* yr = yp + r * S;
+        if (dp.threshold == 0) {
+#pragma omp simd
+          for (int64_t j = 0; j < S; ++j) { pr[j] = yr[j] = from_float<T>(v[j] * inv); }
+        } else {
+          const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
+          const bool all = dp.threshold > 0xFFFFFFFFull;
+          const float scale = dp.scale;
+#pragma omp simd
+          for (int64_t j = 0; j < S; ++j) {
+            const float p = v[j] * inv;
+            pr[j] = from_float<T>(p);
+            const bool keep = !all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr;
+            yr[j] = from_float<T>(keep ? p * scale : 0.f);
+          }
+        }
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, B * N * T_, 30 * S, work);
+  }
+ private:
+  float mask_value_;
+};
+
+template <typename T>
+class FusedAttentionSoftmaxGradOp : public OpKernel {
+ public:
+  explicit FusedAttentionSoftmaxGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& dy = ctx->input(0);
+    const Tensor& probs = ctx->input(1);
+    OP_REQUIRES(ctx, dy.shape() == probs.shape() && dy.dims() == 4,
+                errors::InvalidArgument("d_dropped and probs must both be [B, N, T, S]"));
+    DropoutParams dp;
+    OP_REQUIRES_OK(ctx, GetDropout(ctx, 2, 3, &dp));
+    Tensor* dl;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, dy.shape(), &dl));
+    const int64_t S = dy.dim_size(3);
+    const int64_t rows = S > 0 ? dy.NumElements() / S : 0;
+    const T* dyp = dy.flat<T>().data();
+    const T* pp = probs.flat<T>().data();
+    T* dlp = dl->flat<T>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> g(S);
+      for (int64_t r = begin; r < end; ++r) {
+        const T* dr = dyp + r * S;
+        const T* pr = pp + r * S;
+        if (dp.threshold == 0) {
+#pragma omp simd
+          for (int64_t j = 0; j < S; ++j) g[j] = to_float(dr[j]);
+        } else {
+          const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
+          const bool all = dp.threshold > 0xFFFFFFFFull;
+          const float scale = dp.scale;
+#pragma omp simd
+          for (int64_t j = 0; j < S; ++j)
+            g[j] = (!all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr) ? to_float(dr[j]) * scale : 0.f;
+        }
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < S; ++j) s += g[j] * to_float(pr[j]);
+        T* out = dlp + r * S;
+#pragma omp simd
+        for (int64_t j = 0; j < S; ++j) out[j] = from_float<T>(to_float(pr[j]) * (g[j] - s));
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, rows, 12 * S, work);
+  }
+};
+
+#define REGISTER_SOFTMAX(T)                                                                               \
+  REGISTER_KERNEL_BUILDER(Name("FusedAttentionSoftmax").Device(DEVICE_CPU).TypeConstraint<T>("T"),       \
+                          FusedAttentionSoftmaxOp<T>);                                                    \
+  REGISTER_KERNEL_BUILDER(Name("FusedAttentionSoftmaxGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"),   \
+                          FusedAttentionSoftmaxGradOp<T>);
+REGISTER_SOFTMAX(float)
+REGISTER_SOFTMAX(Eigen::bfloat16)
+REGISTER_SOFTMAX(Eigen::half)
