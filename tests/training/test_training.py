@@ -17,6 +17,7 @@ from transformer.base.constants import END_ID, PAD_ID, START_ID
 from transformer.data.pipeline import bucket_boundaries, make_batches, padded_lengths
 from transformer.inference.rundir import CONFIG_FILE, build_model, load_trained_model
 from transformer.model.optimizer import compile_model
+from transformer.runtime.fused_kernels import active_kernels
 from transformer.training.trainer import train
 
 MAX_LENGTH = 20  # deliberately not a multiple of the bucket width (8)
@@ -170,6 +171,9 @@ def test_train_end_to_end_writes_a_complete_run(bible_tokenizers, fresh_run):
     report = json.loads((output / "report.json").read_text())
     assert report["state"] == "completed" and report["error"] is None
     assert report["steps_done"] == report["steps_planned"] == EPOCHS * STEPS
+    kernels = report["run"]["fused_kernels"]  # --fused-kernels auto on CPU: on where g++ builds them, else why not
+    assert kernels["asked"] == "auto" and (kernels["enabled"] or kernels["reason"])
+    assert active_kernels() is None  # off again after train(): a caller's later XLA step traces TF's ops
     compiled = report["compile"]  # without XLA: the shapes met, no compilation, one trace per step function
     assert compiled["xla"] is False and compiled["persistent_cache"] is None
     assert compiled["length_grid"] == padded_lengths(config.model.max_length, config.pipeline.bucket_width)

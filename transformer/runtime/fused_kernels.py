@@ -46,6 +46,7 @@ _ARCH_FLAGS = (["-march=native", "-mno-avx512fp16"], ["-march=native"], [])
 _COMPILE_FLAGS = ["-shared", "-fPIC", "-O3", "-fopenmp-simd", "-fno-math-errno", "-w"]
 
 _active = None  # the loaded op library while enabled
+_loaded = None  # (op library, path): the one library this process loaded
 
 
 class KernelsUnavailable(ConfigError):
@@ -107,19 +108,28 @@ def build_library(cache_dir: Optional[Path] = None) -> tuple[Path, float]:
     raise KernelsUnavailable(f"{compiler} could not build {SOURCE.name}: {error}")
 
 
-def load_kernels(cache_dir: Optional[Path] = None):
-    """The op library (`tf.load_op_library`), built first if needed.
+def load_kernels(cache_dir: Optional[Path] = None) -> tuple:
+    """(the op library of `tf.load_op_library`, its path, seconds spent building it), built first if needed.
+
+    A process loads one library: TensorFlow registers its kernels globally, and a second library
+    with the same ops (another cache directory) would make every later op ambiguous. Later
+    calls return the first one (0 s).
 
     Raises:
         KernelsUnavailable: it cannot be built or loaded.
     """
+    global _loaded
+    if _loaded is not None:
+        return _loaded[0], _loaded[1], 0.0
     import tensorflow as tf
 
-    library, _ = build_library(cache_dir)
+    library, build_s = build_library(cache_dir)
     try:
-        return tf.load_op_library(str(library))
+        module = tf.load_op_library(str(library))
     except (tf.errors.NotFoundError, OSError) as err:
         raise KernelsUnavailable(f"{library} does not load: {err}") from err
+    _loaded = (module, library)
+    return module, library, build_s
 
 
 def enable_fused_kernels(mode: str, device: str, xla: Optional[bool]) -> dict:
@@ -148,14 +158,14 @@ def enable_fused_kernels(mode: str, device: str, xla: Optional[bool]) -> dict:
             raise KernelsUnavailable(f"they are CPU kernels and the run trains on {device}")
         if xla:
             raise KernelsUnavailable("XLA compiles the train step and cannot compile them")
-        library, build_s = build_library()
-        _active = load_kernels()
+        kernels, library, build_s = load_kernels()
     except KernelsUnavailable as err:
         if mode == "on":
             raise KernelsUnavailable(f"--fused-kernels on: {err} (--fused-kernels auto trains without them)") from err
         state["reason"] = str(err)
         log.info("fused CPU kernels off: %s", err)
         return state
+    _active = kernels
     state.update(enabled=True, library=str(library), build_s=round(build_s, 2),
                  reason="a CPU run without XLA")
     log.info("fused CPU kernels on (layer norm, attention softmax + dropout)%s",

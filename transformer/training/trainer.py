@@ -68,7 +68,7 @@ from transformer.runtime import distribute
 from transformer.runtime.devices import select_device, set_precision
 from transformer.runtime.faults import DivergenceGuard, InterruptHandler
 from transformer.runtime.flops import TransformerDims
-from transformer.runtime.fused_kernels import enable_fused_kernels
+from transformer.runtime.fused_kernels import disable_fused_kernels, enable_fused_kernels
 from transformer.runtime.precision import PrecisionDecision, decide_precision
 from transformer.runtime.runlock import RunLock, make_run_dir
 from transformer.runtime.threads import configure_training_threads
@@ -238,7 +238,8 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     The step-time report is written when training ends, and also when it dies (exception,
     out of memory, Ctrl-C): `StepTimeReport.guard` records the state and re-raises. The
     Keras global dtype policy that training sets is restored on return (the returned model
-    keeps its own layers' policies), so a caller's later models are not built in bfloat16.
+    keeps its own layers' policies), so a caller's later models are not built in bfloat16;
+    the fused CPU kernels are turned off again (`runtime/fused_kernels.py`).
     """
     config.validate()
     init = open_init_source(config)  # --init-from: a missing or damaged run stops here, before the run directory
@@ -251,6 +252,7 @@ def train(config: RunConfig, extra_callbacks: tuple = ()) -> TrainResult:
     role = distribute.task_role(strategy_name)
     with contextlib.ExitStack() as stack:
         stack.callback(keras.mixed_precision.set_global_policy, keras.mixed_precision.global_policy())
+        stack.callback(disable_fused_kernels)  # a caller's later models (an XLA step, say) trace TensorFlow's ops
         if role.is_chief:  # one writer per run directory (other workers write to temporary directories)
             stack.enter_context(RunLock(make_run_dir(run_dir)))
         interrupts = stack.enter_context(InterruptHandler())
