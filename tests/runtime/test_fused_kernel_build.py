@@ -36,6 +36,7 @@ def test_auto_falls_back_where_they_cannot_run_and_on_says_why(device, xla, reas
 
 
 def test_without_a_compiler_auto_trains_with_tensorflow_ops(monkeypatch, tmp_path):
+    monkeypatch.setattr(fused_kernels, "_loaded", None)  # a fresh process: no library loaded by an earlier test
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv(fused_kernels.CACHE_ENV, str(tmp_path / "cache"))
     state = enable_fused_kernels("auto", "cpu", xla=False)
@@ -49,6 +50,7 @@ def test_a_compiler_error_is_reported_not_raised_under_auto(monkeypatch, tmp_pat
     compiler.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo broken 1.0; exit 0; }\n"
                         "echo 'fused_kernels.cc:1: error: this compiler is broken' >&2; exit 1\n")
     compiler.chmod(0o755)
+    monkeypatch.setattr(fused_kernels, "_loaded", None)  # a fresh process: no library loaded by an earlier test
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.setenv(fused_kernels.CACHE_ENV, str(tmp_path / "cache"))
     state = enable_fused_kernels("auto", "cpu", xla=False)
