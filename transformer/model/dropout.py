@@ -60,6 +60,11 @@ def attach_dropout_switch(model: keras.layers.Layer, switch: DropoutSwitch) -> i
     return len(sites)
 
 
+def dropout_seed(seed_generator: keras.random.SeedGenerator) -> tf.Tensor:
+    """The next int32 `[2]` seed of a Keras dropout's generator, cast as Keras' `_cast_seed` does."""
+    return tf.cast(tf.math.floormod(seed_generator.next(), tf.int32.max - 1), tf.int32)
+
+
 def fast_dropout(x: tf.Tensor, rate: float, seed_generator: keras.random.SeedGenerator,
                  switch: Optional[DropoutSwitch] = None) -> tf.Tensor:
     """`x` (any float dtype/shape) with elements zeroed with probability `rate`, the rest / (1 - rate);
@@ -70,7 +75,7 @@ def fast_dropout(x: tf.Tensor, rate: float, seed_generator: keras.random.SeedGen
         return tf.cond(switch.on, lambda: fast_dropout(x, rate, seed_generator), lambda: tf.identity(x))
     if rate >= 1.0:
         return tf.zeros_like(x)
-    seed = tf.cast(tf.math.floormod(seed_generator.next(), tf.int32.max - 1), tf.int32)  # as Keras' _cast_seed
+    seed = dropout_seed(seed_generator)
     size = tf.size(x)
     words = tf.random.stateless_uniform([(size + 1) // 2], seed, minval=None, maxval=None, dtype=tf.uint32)
     halves = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from transformer.model.affine import affine
-from transformer.model.dropout import FastDropout, fast_dropout
+from transformer.model.dropout import FastDropout, dropout_seed, fast_dropout
 from transformer.model.layer_norm import LayerNorm
 from transformer.runtime.fused_kernels import active_kernels
 
@@ -285,7 +285,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
             switch = getattr(self._dropout_layer, "dropout_switch", None)
             if switch is not None:
                 rate = tf.where(switch.on, rate, 0.0)
-            seed = tf.cast(tf.math.floormod(self._dropout_layer.seed_generator.next(), tf.int32.max - 1), tf.int32)
+            seed = dropout_seed(self._dropout_layer.seed_generator)
         else:
             rate, seed = tf.constant(0.0), tf.zeros([2], tf.int32)
         return masked_softmax_dropout(kernels, logits, mask, rate, seed)
