@@ -7,6 +7,7 @@ the choice (devices, distribute, pipeline, schedule, rundir) read it from here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # ---- where things are: this checkout, and the offline corpus shared beside it
@@ -41,6 +42,12 @@ LR_SCHEDULES = ("inverse-sqrt", "cosine")  # --lr-schedule
 LR_SCALINGS = ("auto", "sqrt", "off")  # --lr-scaling (transformer/model/schedule.py `scale_for_batch`)
 BUDGET_CLOCKS = ("train", "wall")  # --budget-clock (transformer/training/budget.py)
 CHECKPOINT_CHOICES = ("latest", "best", "averaged", "ema")  # --checkpoint (or an explicit checkpoint prefix)
+
+
+def user_cache_dir() -> Path:
+    """This project's per-user cache: `$XDG_CACHE_HOME/transformer-nmt` (default `~/.cache/transformer-nmt`);
+    the precision probe, XLA's programs and the fused kernels keep their files under it."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-nmt"
 
 
 def one_of(choices: tuple) -> str:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from transformer.base.constants import user_cache_dir
 from transformer.base.errors import ConfigError
 from transformer.runtime.xla_cache import machine_key
 
@@ -72,7 +73,7 @@ def kernel_cache_dir() -> Path:
     """Where built libraries are kept: `$TRANSFORMER_KERNEL_CACHE`, else `$XDG_CACHE_HOME/transformer-nmt/kernels`."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer-nmt" / "kernels"
+    return user_cache_dir() / "kernels"
 
 
 def build_library(cache_dir: Optional[Path] = None) -> tuple[Path, float]:

@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Optional
 
 from transformer.base import atomic
-from transformer.base.constants import PRECISION_MODES, PRECISIONS, one_of
+from transformer.base.constants import PRECISION_MODES, PRECISIONS, one_of, user_cache_dir
 from transformer.runtime.cpu_budget import affinity_cpus, cpu_budget
 
 log = logging.getLogger(__name__)
@@ -359,8 +359,7 @@ def cache_path() -> Path:
     """Where probe results are cached (see the module docstring)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "transformer-nmt" / "precision.json"
+    return user_cache_dir() / "precision.json"
 
 
 def cache_key(facts: DeviceFacts) -> str:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from transformer.base.constants import user_cache_dir
 from transformer.runtime.precision import cpu_facts, cpu_id, cpuinfo_text
 
 XLA_CACHE_ENV = "TRANSFORMER_XLA_CACHE"
@@ -78,8 +79,7 @@ def xla_cache_dir(setting: str) -> Optional[Path]:
         return None
     if setting != "auto":
         return Path(setting)
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "transformer-nmt" / "xla" / machine_key()
+    return user_cache_dir() / "xla" / machine_key()
 
 
 def _xla_cache_files(directory: Optional[Path]) -> list[Path]:
