@@ -127,8 +127,31 @@ def test_bfloat16_projection_rounds_only_the_logits_matmul():
     assert not np.array_equal(outputs["bfloat16"], outputs["float32"])
     scale = np.abs(outputs["float32"] - bias).max()
     np.testing.assert_allclose(outputs["bfloat16"], outputs["float32"], atol=0.01 * scale, rtol=0)
-    with pytest.raises(ValueError, match="projection_dtype must be float32 or bfloat16"):
+    with pytest.raises(ValueError, match="projection_dtype must be auto, float32 or bfloat16"):
         StepDecoder(model, projection_dtype="float16")
+
+
+def test_auto_projection_follows_the_models_compute_dtype():
+    """projection_dtype="auto" (DecodeConfig's default): a float32 model projects in float32, a
+    bfloat16 copy (`cast_model`, the bfloat16 export's) in bfloat16: the same logits as naming it."""
+    from transformer.inference.rundir import cast_model
+
+    model = build(dataclasses.replace(TINY_MODEL, head_width="paper"), seed=13)
+    src, tgt = random_ids(model.config)
+    ids, index = tf.constant(tgt[:, 0]), tf.constant(0)
+
+    def logits(model, projection_dtype):
+        decoder = StepDecoder(model, projection_dtype=projection_dtype)
+        memory, src_mask = model.encode(src)
+        context, cache = decoder.start(memory, src_mask)
+        return decoder.projection_dtype, decoder.step(context, ids, index, cache)[0].numpy()
+
+    bf16 = cast_model(model, "bfloat16")
+    for model_, expected in ((model, tf.float32), (bf16, tf.bfloat16)):
+        dtype, auto = logits(model_, "auto")
+        assert dtype == expected
+        np.testing.assert_array_equal(auto, logits(model_, expected.name)[1])
+    assert not np.array_equal(logits(bf16, "auto")[1], logits(bf16, "float32")[1])
 
 
 @pytest.mark.parametrize("head_width", ["tutorial", "paper"])

@@ -533,8 +533,9 @@ def add_decode_args(parser) -> None:
                        help="without XLA, finished sentences leave the batch once those still decoding are at most "
                             f"this fraction of it (0 = never; default {defaults.drop_finished})")
     group.add_argument("--projection-dtype", choices=PROJECTION_DTYPES, default=defaults.projection_dtype,
-                       help="without XLA, the output projection's matmul dtype; bfloat16 rounds the logits "
-                            f"(for --dtype bfloat16 exports, docs/speed.md; default {defaults.projection_dtype})")
+                       help="without XLA, the output projection's matmul dtype; bfloat16 rounds the logits; "
+                            "auto: bfloat16 for a --dtype bfloat16 model, else float32 (docs/speed.md; default "
+                            f"{defaults.projection_dtype})")
     group.add_argument("--streams", type=int, default=defaults.streams,
                        help=f"chunks decoded at once, each by its own loop (default {defaults.streams})")
     group.add_argument("--cut-over", type=int, default=defaults.cut_over, metavar="TOKENS",

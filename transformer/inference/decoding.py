@@ -566,8 +566,9 @@ def _start(model, src_ids, max_steps, beam_size: int, lean: bool, projection_dty
     is `slot_cache` (kept by beam slot: beam search runs `by_slot`) and its per-row constants
     stay one per sentence; the fixed-size cache path's state, cross-attention cache and mask
     are tiled. `projection_dtype`: the lean step's
-    output projection (`StepDecoder`); the fixed-size cache path projects in float32 only."""
-    if not lean and projection_dtype != "float32":
+    output projection (`StepDecoder`); the fixed-size cache path projects in float32 only
+    ("auto" is float32 there)."""
+    if not lean and projection_dtype == "bfloat16":
         raise ValueError(f"projection_dtype {projection_dtype} needs the lean step (lean=True)")
     memory, src_mask = model.encode(src_ids, training=False)
     tile = (lambda x: tile_beams(x, beam_size)) if beam_size > 1 else (lambda x: x)
