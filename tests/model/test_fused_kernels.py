@@ -10,6 +10,7 @@ from helpers_model import build, random_ids
 from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
 from transformer.model.layers import NEG_INF, masked_softmax_dropout
+from transformer.model.losses import MaskedSparseCrossEntropy, fused_cross_entropy, smoothed_cross_entropy
 from transformer.runtime.fused_kernels import KernelsUnavailable, disable_fused_kernels, enable_fused_kernels
 
 FUSED_OPS = {"FusedLayerNorm", "FusedLayerNormGrad", "FusedAttentionSoftmax", "FusedAttentionSoftmaxGrad"}
@@ -55,6 +56,47 @@ def test_layer_norm_kernel_matches_the_closed_form(kernels, dtype, shape):
     for a, b in zip(got, want):
         np.testing.assert_allclose(_as_float(a), _as_float(b), atol=tolerance * max(1.0, np.abs(_as_float(b)).max()),
                                    rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype,smoothing", [(tf.float32, 0.0), (tf.float32, 0.1), (tf.bfloat16, 0.1)])
+def test_cross_entropy_kernel_matches_the_closed_form(kernels, dtype, smoothing):
+    """Per-token loss and its gradient equal `smoothed_cross_entropy` on the float32 logits (V = 37:
+    the vector loops' tails run; logits up to ±40 with one row's label far below its maximum)."""
+    rng = np.random.default_rng(3)
+    logits = tf.cast(rng.normal(0.0, 8.0, (3, 5, 37)).clip(-40, 40), dtype)
+    labels = tf.constant(rng.integers(0, 37, (3, 5)), tf.int32)
+    upstream = tf.constant(rng.normal(size=(3, 5)), tf.float32)
+
+    def run(loss):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = loss(labels, logits, smoothing)
+        return value, tape.gradient(value, logits, output_gradients=upstream)
+
+    got_loss, got_grad = run(lambda *a: fused_cross_entropy(kernels, *a))
+    want_loss, want_grad = run(lambda y, z, s: smoothed_cross_entropy(y, tf.cast(z, tf.float32), s))
+    assert got_loss.dtype == tf.float32 and got_grad.dtype == dtype
+    np.testing.assert_allclose(got_loss.numpy(), want_loss.numpy(), rtol=1e-5, atol=1e-4)
+    # the gradient in the logits' dtype: bfloat16 is one rounding of it apart
+    tolerance = 1e-5 if dtype == tf.float32 else 1e-2
+    np.testing.assert_allclose(_as_float(got_grad), _as_float(want_grad), rtol=tolerance, atol=tolerance)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of"):
+        kernels.fused_cross_entropy(logits, labels + 37, smoothing=0.0)
+
+
+def test_masked_loss_uses_the_kernel_while_enabled(kernels):
+    """`MaskedSparseCrossEntropy` runs `FusedCrossEntropy` (bfloat16 logits read as they are) and
+    gives the float32 formulation's value; padding still does not count."""
+    rng = np.random.default_rng(4)
+    y_true = tf.constant([[5, 9, 2, 0], [7, 1, 0, 0]], tf.int32)
+    y_pred = tf.cast(rng.normal(0.0, 3.0, (2, 4, 11)), tf.bfloat16)
+    loss = MaskedSparseCrossEntropy(0.1)
+    graph = tf.function(lambda y, z: loss(y, z)).get_concrete_function(y_true, y_pred).graph
+    assert "FusedCrossEntropy" in {op.type for op in graph.get_operations()}
+    disable_fused_kernels()
+    want = loss(y_true, tf.cast(y_pred, tf.float32)).numpy()
+    enable_fused_kernels("on", "cpu", xla=False)
+    np.testing.assert_allclose(loss(y_true, y_pred).numpy(), want, rtol=1e-5)
 
 
 def _reference_softmax(logits, mask):
@@ -178,3 +220,4 @@ def test_training_with_the_kernels_lowers_the_loss(kernels, tiny_model_config):
     assert FUSED_OPS <= _op_types(train_step)
     losses = [float(train_step()) for _ in range(40)]
     assert losses[-1] < 0.6 * losses[0]
+

@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from transformer.base.constants import PAD_ID
+from transformer.runtime.fused_kernels import active_kernels
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -40,13 +41,42 @@ class MaskedSparseCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         y_true = tf.cast(y_true, tf.int32)
-        logits = tf.cast(y_pred, tf.float32)
         mask = token_mask(y_true)
-        token_loss = smoothed_cross_entropy(y_true, logits, self.label_smoothing)
+        token_loss = token_cross_entropy(y_true, y_pred, self.label_smoothing)
         return tf.reduce_sum(token_loss * mask) / tf.maximum(global_sum(tf.reduce_sum(mask)), 1.0)
 
     def get_config(self):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def token_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, smoothing: float) -> tf.Tensor:
+    """float32 `[...]`, each token's label-smoothed cross-entropy of `logits [..., V]` (any float
+    dtype): by the fused CPU kernels' `FusedCrossEntropy` while they are enabled (one pass over
+    the logits in their own dtype each way, float32 inside), else `smoothed_cross_entropy` on
+    the logits in float32."""
+    kernels = active_kernels()
+    if kernels is not None and logits.dtype in (tf.float32, tf.bfloat16, tf.float16):
+        return fused_cross_entropy(kernels, labels, logits, smoothing)
+    return smoothed_cross_entropy(labels, tf.cast(logits, tf.float32), smoothing)
+
+
+def fused_cross_entropy(kernels, labels: tf.Tensor, logits: tf.Tensor, smoothing: float) -> tf.Tensor:
+    """`smoothed_cross_entropy` by the fused kernels (`kernels`: the op library): float32 `[...]`
+    from `logits [..., V]` in their own dtype; the gradient, in that dtype, recomputes the softmax
+    from the logits and the kept logsumexp (no `[..., V]` float32 tensor is kept or made)."""
+    labels = tf.cast(labels, tf.int32)
+
+    @tf.custom_gradient
+    def loss_of(logits):
+        loss, log_normalizer = kernels.fused_cross_entropy(logits, labels, smoothing=float(smoothing))
+
+        def grad(upstream):
+            return kernels.fused_cross_entropy_grad(logits, labels, log_normalizer, tf.cast(upstream, tf.float32),
+                                                    smoothing=float(smoothing))
+
+        return loss, grad
+
+    return loss_of(logits)
 
 
 def smoothed_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, smoothing: float) -> tf.Tensor:

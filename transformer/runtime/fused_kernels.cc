@@ -6,6 +6,8 @@
 //     [B, T, S] (false: `mask_value` added), softmax in float32, dropout, one pass each way; the
 //     dropout mask is not stored but recomputed in the gradient from the same seed (a counter-based
 //     hash of the element's position).
+//   FusedCrossEntropy / FusedCrossEntropyGrad: the label-smoothed cross-entropy of logits [..., V] read
+//     in their own dtype (float32 inside), the gradient's softmax recomputed from the logits.
 //
 // x/logits and their gradients are float32, bfloat16 or float16; gamma, beta, statistics float32.
 // Rows are split over TensorFlow's intra-op threads (`Shard`); every result is independent of the
@@ -413,3 +415,137 @@ class FusedAttentionSoftmaxGradOp : public OpKernel {
 REGISTER_SOFTMAX(float)
 REGISTER_SOFTMAX(Eigen::bfloat16)
 REGISTER_SOFTMAX(Eigen::half)
+
+// ---- label-smoothed cross-entropy over the last axis of logits [..., V], from the logits' own dtype
+//
+//   FusedCrossEntropy: per row, loss = logsumexp(z) − (1 − s)·z[label] − (s/V)·Σz (float32 inside),
+//     and logsumexp(z) kept for the gradient.
+//   FusedCrossEntropyGrad: d loss / d z = (softmax(z) − (1 − s)·one_hot(label) − s/V)·upstream, in the
+//     logits' dtype, the softmax recomputed from z and logsumexp (no [rows, V] float32 tensor either way).
+REGISTER_OP("FusedCrossEntropy")
+    .Input("logits: T").Input("labels: int32")
+    .Output("loss: float").Output("log_normalizer: float")
+    .Attr("T: {float, bfloat16, half}").Attr("smoothing: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      c->set_output(1, c->input(1));
+      return OkStatus();
+    });
+
+REGISTER_OP("FusedCrossEntropyGrad")
+    .Input("logits: T").Input("labels: int32").Input("log_normalizer: float").Input("upstream: float")
+    .Output("d_logits: T")
+    .Attr("T: {float, bfloat16, half}").Attr("smoothing: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return OkStatus();
+    });
+
+namespace {
+// rows and V of logits [..., V] against labels [...]; an error names the mismatch or a label out of range.
+Status CrossEntropyShapes(const Tensor& logits, const Tensor& labels, int64_t* rows, int64_t* V) {
+  if (logits.dims() < 1) return errors::InvalidArgument("logits must have rank >= 1");
+  *V = logits.dim_size(logits.dims() - 1);
+  *rows = *V > 0 ? logits.NumElements() / *V : 0;
+  if (labels.NumElements() != *rows || labels.dims() != logits.dims() - 1)
+    return errors::InvalidArgument("labels ", labels.shape().DebugString(), " must be logits' shape ",
+                                   logits.shape().DebugString(), " without its last axis");
+  const int32* lab = labels.flat<int32>().data();
+  for (int64_t r = 0; r < *rows; ++r)
+    if (lab[r] < 0 || lab[r] >= *V) return errors::InvalidArgument("label ", lab[r], " out of [0, ", *V, ")");
+  return OkStatus();
+}
+}  // namespace
+
+template <typename T>
+class FusedCrossEntropyOp : public OpKernel {
+ public:
+  explicit FusedCrossEntropyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("smoothing", &smoothing_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    int64_t rows, V;
+    OP_REQUIRES_OK(ctx, CrossEntropyShapes(logits, labels, &rows, &V));
+    Tensor *loss, *lse;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, labels.shape(), &loss));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, labels.shape(), &lse));
+    const T* zp = logits.flat<T>().data();
+    const int32* lab = labels.flat<int32>().data();
+    float* lp = loss->flat<float>().data();
+    float* np_ = lse->flat<float>().data();
+    const float s = smoothing_;
+    auto work = [&](int64_t begin, int64_t end) {
+      std::vector<float> row(V);
+      for (int64_t r = begin; r < end; ++r) {
+        const T* zr = zp + r * V;
+        float* v = row.data();
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < V; ++j) { v[j] = to_float(zr[j]); total += v[j]; }
+        const float mx = row_max(v, V);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; ++j) sum += fast_exp(v[j] - mx);
+        const float normalizer = mx + std::log(sum);
+        np_[r] = normalizer;
+        lp[r] = normalizer - (1.f - s) * v[lab[r]] - (s / V) * total;
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, rows, 12 * V, work);
+  }
+ private:
+  float smoothing_;
+};
+
+template <typename T>
+class FusedCrossEntropyGradOp : public OpKernel {
+ public:
+  explicit FusedCrossEntropyGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("smoothing", &smoothing_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& logits = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    const Tensor& lse = ctx->input(2);
+    const Tensor& upstream = ctx->input(3);
+    int64_t rows, V;
+    OP_REQUIRES_OK(ctx, CrossEntropyShapes(logits, labels, &rows, &V));
+    OP_REQUIRES(ctx, lse.NumElements() == rows && upstream.NumElements() == rows,
+                errors::InvalidArgument("log_normalizer and upstream must have one value per row"));
+    Tensor* dz;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dz));
+    const T* zp = logits.flat<T>().data();
+    const int32* lab = labels.flat<int32>().data();
+    const float* np_ = lse.flat<float>().data();
+    const float* up = upstream.flat<float>().data();
+    T* dp = dz->flat<T>().data();
+    const float s = smoothing_;
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* zr = zp + r * V;
+        T* dr = dp + r * V;
+        const float u = up[r], normalizer = np_[r], floor = s / V * u;
+#pragma omp simd
+        for (int64_t j = 0; j < V; ++j) dr[j] = from_float<T>(fast_exp(to_float(zr[j]) - normalizer) * u - floor);
+        const int64_t y = lab[r];
+        dr[y] = from_float<T>(fast_exp(to_float(zr[y]) - normalizer) * u - floor - (1.f - s) * u);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, rows, 10 * V, work);
+  }
+ private:
+  float smoothing_;
+};
+
+#define REGISTER_CROSS_ENTROPY(T)                                                                      \
+  REGISTER_KERNEL_BUILDER(Name("FusedCrossEntropy").Device(DEVICE_CPU).TypeConstraint<T>("T"),         \
+                          FusedCrossEntropyOp<T>);                                                      \
+  REGISTER_KERNEL_BUILDER(Name("FusedCrossEntropyGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"),     \
+                          FusedCrossEntropyGradOp<T>);
+REGISTER_CROSS_ENTROPY(float)
+REGISTER_CROSS_ENTROPY(Eigen::bfloat16)
+REGISTER_CROSS_ENTROPY(Eigen::half)
