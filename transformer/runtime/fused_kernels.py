@@ -6,11 +6,12 @@
 On a CPU without XLA, TensorFlow runs a layer norm or an attention softmax as a chain of small
 element-wise and reduction kernels, each a pass over memory: on an AMX Xeon those passes were
 most of the mixed-precision step's time outside matrix products (docs/speed.md). `fused_kernels.cc`
-does each in one pass forward and one back: `FusedLayerNorm` (and its gradient) and
+does each in one pass forward and one back: `FusedLayerNorm` (and its gradient),
 `FusedAttentionSoftmax` (mask, float32 softmax and dropout; its gradient recomputes the dropout
-mask from the seed). The model's `LayerNorm` and attention use them in training calls while they
-are enabled (`active_kernels`); inference (validation, BLEU, the translator, every export) keeps
-TensorFlow's own ops, so a SavedModel never needs this library.
+mask from the seed) and `FusedCrossEntropy` (the label-smoothed loss; its gradient recomputes the
+softmax). The model's `LayerNorm` and attention use them in training calls while they are enabled
+(`active_kernels`), the loss in every call then; inference (BLEU, the translator, every export)
+keeps TensorFlow's own ops, so a SavedModel never needs this library.
 
 The library is built with the machine's C++ compiler (`$CXX`, else `g++`/`c++`) against the installed
 TensorFlow's headers (`tf.sysconfig`), `-O3 -march=native`, into
