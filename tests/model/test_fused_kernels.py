@@ -2,11 +2,13 @@
 ops compute: layer norm and the attention's masked softmax, values and gradients; their dropout
 drops at its rate and its gradient follows the same mask; only training calls use them."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers_model import build, random_ids
 
+from transformer.model.affine import affine
 from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
 from transformer.model.layers import NEG_INF, masked_softmax_dropout
@@ -221,3 +223,57 @@ def test_training_with_the_kernels_lowers_the_loss(kernels, tiny_model_config):
     losses = [float(train_step()) for _ in range(40)]
     assert losses[-1] < 0.6 * losses[0]
 
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_bias_relu_kernel_adds_the_bias_once_rounded(kernels, dtype):
+    rng = np.random.default_rng(5)
+    y, bias = tf.cast(rng.normal(size=(6, 37)), dtype), tf.cast(rng.normal(size=37), dtype)
+    exact = _as_float(y) + _as_float(bias)
+    for relu in (False, True):
+        want = np.maximum(exact, 0) if relu else exact
+        got = _as_float(kernels.fused_bias_relu(y, bias, relu=relu))
+        if dtype == tf.float32:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        else:  # float32 inside, one rounding to bfloat16 at the end
+            np.testing.assert_array_equal(got, _as_float(tf.cast(tf.constant(want), tf.bfloat16)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be"):
+        kernels.fused_bias_relu(y, bias[:5], relu=False)
+
+
+def test_bfloat16_affine_with_the_kernels_matches_the_fused_product(kernels):
+    """`affine(..., kernels=)` on bfloat16 rows (a plain product, then FusedBiasRelu): values and all
+    three gradients within bfloat16 rounding of the remapper's fused product; float32 rows ignore
+    the kernels."""
+    rng = np.random.default_rng(6)
+    x = tf.cast(rng.normal(size=(2, 9, 24)), tf.bfloat16)
+    kernel, bias = tf.cast(rng.normal(0, 0.3, (24, 40)), tf.bfloat16), tf.cast(rng.normal(size=40), tf.bfloat16)
+    upstream = tf.cast(rng.normal(size=(2, 9, 40)), tf.bfloat16)
+
+    def run(ops):
+        with tf.GradientTape() as tape:
+            tape.watch([x, kernel, bias])
+            y = affine(x, kernel, bias, relu=True, kernels=ops)
+        return [y, *tape.gradient(y, [x, kernel, bias], output_gradients=upstream)]
+
+    graph = tf.function(lambda x: affine(x, kernel, bias, kernels=kernels)).get_concrete_function(x).graph
+    assert "FusedBiasRelu" in {op.type for op in graph.get_operations()}
+    f32 = tf.function(lambda x: affine(x, tf.cast(kernel, tf.float32), tf.cast(bias, tf.float32), kernels=kernels))
+    assert "FusedBiasRelu" not in {op.type for op in f32.get_concrete_function(tf.cast(x, tf.float32)).graph.get_operations()}
+    for a, b in zip(run(kernels), run(None)):
+        scale = np.abs(_as_float(b)).max()
+        np.testing.assert_allclose(_as_float(a), _as_float(b), atol=0.02 * scale, rtol=0)
+
+
+def test_bfloat16_model_trains_with_the_bias_kernel_only(kernels, tiny_model_config):
+    """A bfloat16 model's training graph runs its dense layers' bias through FusedBiasRelu; its
+    inference graph does not (exports load without the library)."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = build(tiny_model_config())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    src, tgt = (tf.constant(a) for a in random_ids(model.config))
+    call = lambda training: tf.function(lambda s, t: model((s, t), training=training))  # noqa: E731
+    assert "FusedBiasRelu" in _op_types(call(True), src, tgt)
+    assert "FusedBiasRelu" not in _op_types(call(False), src, tgt)

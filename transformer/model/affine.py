@@ -28,22 +28,30 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def affine(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool = False) -> tf.Tensor:
-    """`x [..., d_in] · kernel [d_in, d_out] + bias [d_out]`, then ReLU if `relu`; all in x's dtype."""
+def affine(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool = False, kernels=None) -> tf.Tensor:
+    """`x [..., d_in] · kernel [d_in, d_out] + bias [d_out]`, then ReLU if `relu`; all in x's dtype.
+
+    `kernels`: the fused CPU kernels' op library (a training call while they are enabled), or None.
+    With it, a bfloat16 product runs alone (oneDNN's plain matmul: AMX) and `FusedBiasRelu` adds
+    the bias (and ReLU) in one pass; the remapper's fused product ran on oneDNN's slower
+    `inner_product` there (docs/speed.md)."""
     d_in, d_out = kernel.shape
     rows = tf.reshape(x, [-1, d_in])
-    y = _affine_rows(rows, kernel, bias, relu)
+    y = _affine_rows(rows, kernel, bias, relu, kernels if x.dtype == tf.bfloat16 else None)
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [d_out]], axis=0))
 
 
-def _affine_rows(rows: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool) -> tf.Tensor:
+def _affine_rows(rows: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool, kernels=None) -> tf.Tensor:
     """`affine` on `rows [N, d_in]` → `[N, d_out]`, with its closed-form gradient."""
 
     @tf.custom_gradient
     def forward(rows, kernel, bias):
-        y = tf.nn.bias_add(tf.matmul(rows, kernel), bias)
-        if relu:
-            y = tf.nn.relu(y)
+        if kernels is not None:
+            y = kernels.fused_bias_relu(tf.matmul(rows, kernel), bias, relu=relu)
+        else:
+            y = tf.nn.bias_add(tf.matmul(rows, kernel), bias)
+            if relu:
+                y = tf.nn.relu(y)
 
         def grad(upstream):
             pre = tf.raw_ops.ReluGrad(gradients=upstream, features=y) if relu else upstream  # ∂/∂(xW + b)

@@ -143,7 +143,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 key_heads, value_heads = cache[:, 0], cache[:, 1]
         output, scores = self._attend(query_heads, key_heads, value_heads, attention_mask, training,
                                       query_scaled=bool(training))
-        output = self._project_output(output)
+        output = self._project_output(output, active_kernels() if training else None)
         results = (output,)
         if return_attention_scores:
             results += (scores,)
@@ -198,14 +198,15 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         return [tf.reshape(part, [shape[0], shape[1], *dense.kernel.shape[1:]])
                 for part, dense in zip(tf.split(y, widths, axis=1), denses)]
 
-    def _project_output(self, heads):
+    def _project_output(self, heads, kernels=None):
         """The output projection (EinsumDense "abcd,cde->abe", kernel `[N, H, dim]`) of
         `heads [B, T, N, H]` → `[B, T, dim]`, as one 2-D matmul (see `_project_heads`) plus bias:
-        `affine`, which the remapper fuses into one kernel and whose bias gradient is summed in
-        float32 (training and inference alike)."""
+        `affine`, which the remapper fuses into one kernel (or, with the fused CPU kernels of a
+        training call, `kernels`, a plain product and `FusedBiasRelu`) and whose bias gradient is
+        summed in float32 (training and inference alike)."""
         matrix, bias = dense_matrix(self._output_dense, heads.dtype, inputs=2)  # [N·H, dim], [dim]
         shape = tf.shape(heads)
-        return affine(tf.reshape(heads, [shape[0], shape[1], matrix.shape[0]]), matrix, bias)
+        return affine(tf.reshape(heads, [shape[0], shape[1], matrix.shape[0]]), matrix, bias, kernels=kernels)
 
     def attend_inputs(self, query, inputs, attention_mask=None):
         """Attention over `inputs [B, S, dim]` without materialising per-head keys/values.
@@ -371,10 +372,12 @@ class FeedForward(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x, training=None):
-        hidden = affine(x, *dense_matrix(self.inner, self.compute_dtype), relu=True)
+        kernels = active_kernels() if training else None
+        hidden = affine(x, *dense_matrix(self.inner, self.compute_dtype), relu=True, kernels=kernels)
         if self.inner_dropout is not None:
             hidden = self.inner_dropout(hidden, training=training)
-        return self.dropout(affine(hidden, *dense_matrix(self.outer, self.compute_dtype)), training=training)
+        return self.dropout(affine(hidden, *dense_matrix(self.outer, self.compute_dtype), kernels=kernels),
+                            training=training)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate,

@@ -549,3 +549,65 @@ class FusedCrossEntropyGradOp : public OpKernel {
 REGISTER_CROSS_ENTROPY(float)
 REGISTER_CROSS_ENTROPY(Eigen::bfloat16)
 REGISTER_CROSS_ENTROPY(Eigen::half)
+
+// ---- bias (+ ReLU) on a matrix product's rows, in place when TensorFlow lets the input go
+//
+//   FusedBiasRelu: y [..., d] + bias [d] (then max(·, 0) if `relu`), float32 inside, one pass. A
+//     bfloat16 product then runs as oneDNN's plain matmul (AMX), where a product fused with its bias
+//     ran as its slower `inner_product` (docs/speed.md).
+REGISTER_OP("FusedBiasRelu")
+    .Input("y: T").Input("bias: T")
+    .Output("out: T")
+    .Attr("T: {float, bfloat16, half}").Attr("relu: bool")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return OkStatus();
+    });
+
+template <typename T>
+class FusedBiasReluOp : public OpKernel {
+ public:
+  explicit FusedBiasReluOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& y = ctx->input(0);
+    const Tensor& bias = ctx->input(1);
+    OP_REQUIRES(ctx, y.dims() >= 1 && bias.dims() == 1 && bias.dim_size(0) == y.dim_size(y.dims() - 1),
+                errors::InvalidArgument("bias must be [d] for y [..., d], got ", bias.shape().DebugString(),
+                                        " and ", y.shape().DebugString()));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, y.shape(), &out));
+    const int64_t d = bias.dim_size(0);
+    const int64_t rows = d > 0 ? y.NumElements() / d : 0;
+    const T* yp = y.flat<T>().data();
+    T* op = out->flat<T>().data();
+    std::vector<float> b(d);
+    for (int64_t j = 0; j < d; ++j) b[j] = to_float(bias.flat<T>()(j));
+    const float* bp = b.data();
+    const bool relu = relu_;
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* yr = yp + r * d;
+        T* orow = op + r * d;
+        if (relu) {
+#pragma omp simd
+          for (int64_t j = 0; j < d; ++j) orow[j] = from_float<T>(std::max(to_float(yr[j]) + bp[j], 0.f));
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < d; ++j) orow[j] = from_float<T>(to_float(yr[j]) + bp[j]);
+        }
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, rows, 3 * d, work);
+  }
+ private:
+  bool relu_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<float>("T"), FusedBiasReluOp<float>);
+REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<Eigen::bfloat16>("T"),
+                        FusedBiasReluOp<Eigen::bfloat16>);
+REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<Eigen::half>("T"),
+                        FusedBiasReluOp<Eigen::half>);
