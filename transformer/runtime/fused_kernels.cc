@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -291,10 +292,7 @@ REGISTER_OP("FusedAttentionSoftmaxGrad")
     .Input("d_dropped: T").Input("probs: T").Input("rate: float").Input("seed: int32")
     .Output("d_logits: T")
     .Attr("T: {float, bfloat16, half}")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      return OkStatus();
-    });
+    .SetShapeFn(shape_inference::UnchangedShape);
 
 template <typename T>
 class FusedAttentionSoftmaxOp : public OpKernel {
@@ -436,10 +434,7 @@ REGISTER_OP("FusedCrossEntropyGrad")
     .Input("logits: T").Input("labels: int32").Input("log_normalizer: float").Input("upstream: float")
     .Output("d_logits: T")
     .Attr("T: {float, bfloat16, half}").Attr("smoothing: float")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      return OkStatus();
-    });
+    .SetShapeFn(shape_inference::UnchangedShape);
 
 namespace {
 // rows and V of logits [..., V] against labels [...]; an error names the mismatch or a label out of range.
@@ -559,10 +554,7 @@ REGISTER_OP("FusedBiasRelu")
     .Input("y: T").Input("bias: T")
     .Output("out: T")
     .Attr("T: {float, bfloat16, half}").Attr("relu: bool")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      return OkStatus();
-    });
+    .SetShapeFn(shape_inference::UnchangedShape);
 
 template <typename T>
 class FusedBiasReluOp : public OpKernel {
