@@ -26,6 +26,7 @@ os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
 # instead of all of it at start, so both fit on one device.
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
+import keras  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from helpers_model import TINY_MODEL  # noqa: E402
@@ -47,6 +48,16 @@ def skip_where_a_gpu_is_visible() -> None:
         pytest.skip("this machine has a GPU")
 BIBLE_DIR = SHARED_CORPUS_DIR
 
+
+
+@pytest.fixture
+def bfloat16_policy():
+    """Keras' global policy `mixed_bfloat16` for one test, float32 again after it."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
 
 
 @pytest.fixture(scope="session")

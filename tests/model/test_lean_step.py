@@ -12,15 +12,6 @@ from transformer.model.dropout import FastDropout, fast_dropout
 from transformer.model.losses import MaskedSparseCrossEntropy
 
 
-@pytest.fixture
-def bfloat16_policy():
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_fast_dropout_drops_at_the_rate_and_rescales(dtype, rate):

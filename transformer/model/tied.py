@@ -16,8 +16,11 @@ float32 under every policy, as with the untied float32 `Dense`.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import keras
-import tensorflow as tf
+
+from transformer.model.logits import project
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -27,6 +30,8 @@ class TiedLogits(keras.layers.Layer):
     Args:
         embedding: the built-or-to-be-built `keras.layers.Embedding` `[vocab, d_model]`
             whose matrix is the projection (not owned: its variable is created there, once).
+        grad_dtype: None, or "bfloat16" for a bfloat16 model: its training calls run the
+            gradient products in it (`transformer.model.logits.project`).
 
     Call arguments:
         x: `[batch, length, d_model]` in any float dtype.
@@ -35,15 +40,15 @@ class TiedLogits(keras.layers.Layer):
         logits `[batch, length, vocab]` float32.
     """
 
-    def __init__(self, embedding, **kwargs):
+    def __init__(self, embedding, grad_dtype: Optional[str] = None, **kwargs):
         super().__init__(dtype="float32", **kwargs)
         self.embedding = embedding
+        self.grad_dtype = grad_dtype
 
     def build(self, input_shape=None):
         self.bias = self.add_weight(shape=(self.embedding.input_dim,), initializer="zeros", name="bias")
         self.built = True
 
-    def call(self, x):
-        matrix = tf.convert_to_tensor(self.embedding.embeddings)  # [V, d] float32 variable
-        logits = tf.einsum("btd,vd->btv", tf.cast(x, tf.float32), tf.cast(matrix, tf.float32))
-        return logits + self.bias
+    def call(self, x, training=None):
+        grad_dtype = self.grad_dtype if training else None
+        return project(x, self.embedding.embeddings, self.bias, grad_dtype, transposed=True)  # embeddings [V, d] float32

@@ -22,6 +22,7 @@ from transformer.model.accumulation import accumulated_train_step
 from transformer.model.dropout import FastDropout
 from transformer.model.layer_norm import LayerNorm
 from transformer.model.layers import DecoderLayer, EncoderLayer, PositionalEmbedding
+from transformer.model.logits import Logits
 from transformer.model.tied import TiedLogits
 
 
@@ -86,11 +87,13 @@ class Transformer(keras.Model):
         # Final norms of the pre-norm stacks (a pre-norm block's output is un-normalised).
         self.encoder_norm = LayerNorm(dtype=policy, name="encoder_norm") if pre_norm else None
         self.decoder_norm = LayerNorm(dtype=policy, name="decoder_norm") if pre_norm else None
-        # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16.
+        # float32 logits: softmax/loss stay accurate under mixed_float16 / mixed_bfloat16; a bfloat16
+        # model's training calls run the projection's gradient products in bfloat16 (model/logits.py).
+        grad_dtype = "bfloat16" if policy.compute_dtype == "bfloat16" else None
         if tie_embeddings == "none":
-            self.final_layer = keras.layers.Dense(tgt_vocab_size, dtype="float32", name="logits")
+            self.final_layer = Logits(tgt_vocab_size, grad_dtype=grad_dtype, name="logits")
         else:
-            self.final_layer = TiedLogits(self.tgt_embedding.embedding, name="logits")
+            self.final_layer = TiedLogits(self.tgt_embedding.embedding, grad_dtype=grad_dtype, name="logits")
 
     @property
     def encoder_layers(self) -> list:
@@ -177,7 +180,7 @@ class Transformer(keras.Model):
         for layer in self.decoder_layers:
             x, cross_scores, _ = layer(x, memory, self_attention_mask=self_mask,
                                        cross_attention_mask=cross_mask, training=training)
-        return self.logits(x), cross_scores
+        return self.logits(x, training=training), cross_scores
 
     # ---- incremental decoding ---------------------------------------------------------
     def init_cache(self, memory, src_mask, max_length: int):
@@ -223,11 +226,11 @@ class Transformer(keras.Model):
             new_self.append(self_cache)
         return self.logits(x), {"self": new_self, "cross": cache["cross"]}, cross_scores
 
-    def logits(self, x):
+    def logits(self, x, training=None):
         """Decoder output `[B, T, d_model]` → logits `[B, T, V]` float32 (final norm if pre-norm)."""
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.final_layer(x)
+        return self.final_layer(x, training=training)
 
     def get_config(self):
         base = super().get_config()
