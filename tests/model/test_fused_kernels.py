@@ -2,16 +2,15 @@
 ops compute: layer norm and the attention's masked softmax, values and gradients; their dropout
 drops at its rate and its gradient follows the same mask; only training calls use them."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers_model import build, random_ids
 
-from transformer.model.affine import affine
+from transformer.model.affine import add_bias, affine
 from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
-from transformer.model.layers import NEG_INF, masked_softmax_dropout
+from transformer.model.layers import NEG_INF, FeedForward, masked_softmax_dropout
 from transformer.model.losses import MaskedSparseCrossEntropy, fused_cross_entropy, smoothed_cross_entropy
 from transformer.runtime.fused_kernels import KernelsUnavailable, disable_fused_kernels, enable_fused_kernels
 
@@ -225,6 +224,14 @@ def test_training_with_the_kernels_lowers_the_loss(kernels, tiny_model_config):
 
 
 
+NO_DROPOUT = (tf.constant(0.0), tf.zeros([2], tf.int32))  # FusedBiasRelu's (rate, seed) without dropout
+
+
+def _rounded(values, dtype) -> np.ndarray:
+    """float32/float64 `values` rounded once to `dtype`, as float32."""
+    return _as_float(tf.cast(tf.constant(values, tf.float32), dtype))
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 def test_bias_relu_kernel_adds_the_bias_once_rounded(kernels, dtype):
     rng = np.random.default_rng(5)
@@ -232,13 +239,46 @@ def test_bias_relu_kernel_adds_the_bias_once_rounded(kernels, dtype):
     exact = _as_float(y) + _as_float(bias)
     for relu in (False, True):
         want = np.maximum(exact, 0) if relu else exact
-        got = _as_float(kernels.fused_bias_relu(y, bias, relu=relu))
+        got = _as_float(kernels.fused_bias_relu(y, bias, *NO_DROPOUT, relu=relu))
         if dtype == tf.float32:
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
         else:  # float32 inside, one rounding to bfloat16 at the end
-            np.testing.assert_array_equal(got, _as_float(tf.cast(tf.constant(want), tf.bfloat16)))
+            np.testing.assert_array_equal(got, _rounded(want, tf.bfloat16))
     with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be"):
-        kernels.fused_bias_relu(y, bias[:5], relu=False)
+        kernels.fused_bias_relu(y, bias[:5], *NO_DROPOUT, relu=False)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_bias_kernel_dropout_and_its_gradient_share_one_mask(kernels, relu):
+    """FusedBiasRelu drops at its rate, scales the rest, repeats itself for a seed; FusedBiasReluGrad
+    passes the upstream gradient exactly where the output was kept (and positive, with ReLU),
+    scaled alike, and sums the bias gradient in float32 (one bfloat16 rounding)."""
+    rng = np.random.default_rng(7)
+    y, bias = tf.cast(rng.normal(size=(300, 197)), tf.bfloat16), tf.cast(rng.normal(size=197), tf.bfloat16)
+    upstream = tf.cast(rng.normal(size=(300, 197)), tf.bfloat16)
+    rate, seed = tf.constant(0.25), tf.constant([3, 11], tf.int32)
+    out = _as_float(kernels.fused_bias_relu(y, bias, rate, seed, relu=relu))
+    full = _as_float(kernels.fused_bias_relu(y, bias, *NO_DROPOUT, relu=relu))
+    dropped = (out == 0) & (full > 0 if relu else full != 0)  # ReLU's zeros (and y = -bias) are not the dropout's
+    dropped_share = dropped.sum() / (full > 0).sum() if relu else dropped.mean()
+    assert abs(dropped_share - 0.25) < 0.01
+    scale = np.float32(1.0) / np.float32(0.75)  # the kernel's float32 arithmetic, one rounding at the end
+    exact = _as_float(y) + _as_float(bias)
+    kept = (np.maximum(exact, 0.0) if relu else exact) * scale
+    np.testing.assert_array_equal(out[~dropped], _rounded(kept, tf.bfloat16)[~dropped])
+    np.testing.assert_array_equal(out, _as_float(kernels.fused_bias_relu(y, bias, rate, seed, relu=relu)))
+    assert (out != _as_float(kernels.fused_bias_relu(y, bias, rate, seed + 1, relu=relu))).any()
+
+    d_y, d_bias = kernels.fused_bias_relu_grad(upstream, kernels.fused_bias_relu(y, bias, rate, seed, relu=relu),
+                                               rate, seed, relu=relu)
+    flows = out > 0 if relu else ~dropped
+    want = np.where(flows, _as_float(upstream) * scale, 0.0)
+    known = full != 0 if not relu else np.ones(out.shape, bool)  # y = -bias: 0 whether dropped or not
+    assert known.mean() > 0.99
+    np.testing.assert_array_equal(_as_float(d_y)[known], _rounded(want, tf.bfloat16)[known])
+    np.testing.assert_array_equal(_as_float(d_bias), _rounded(_as_float(d_y).astype(np.float64).sum(0), tf.bfloat16))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one shape"):
+        kernels.fused_bias_relu_grad(upstream, y[:5], rate, seed, relu=relu)
 
 
 def test_bfloat16_affine_with_the_kernels_matches_the_fused_product(kernels):
@@ -265,15 +305,59 @@ def test_bfloat16_affine_with_the_kernels_matches_the_fused_product(kernels):
         np.testing.assert_allclose(_as_float(a), _as_float(b), atol=0.02 * scale, rtol=0)
 
 
-def test_bfloat16_model_trains_with_the_bias_kernel_only(kernels, tiny_model_config):
+def test_bfloat16_model_trains_with_the_bias_kernel_only(kernels, tiny_model_config, bfloat16_policy):
     """A bfloat16 model's training graph runs its dense layers' bias through FusedBiasRelu; its
     inference graph does not (exports load without the library)."""
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        model = build(tiny_model_config())
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+    model = build(tiny_model_config())
     src, tgt = (tf.constant(a) for a in random_ids(model.config))
     call = lambda training: tf.function(lambda s, t: model((s, t), training=training))  # noqa: E731
     assert "FusedBiasRelu" in _op_types(call(True), src, tgt)
     assert "FusedBiasRelu" not in _op_types(call(False), src, tgt)
+
+
+def test_bfloat16_feed_forward_drops_in_its_bias_kernels(kernels, bfloat16_policy):
+    """A bfloat16 FFN's training call drops its ReLU outputs and its output inside FusedBiasRelu
+    (no random-number ops), at the layer's rates; a late-dropout switch turns that off."""
+    layer = FeedForward(d_model=32, dff=64, dropout_rate=0.2, activation_dropout=0.1)
+    x = tf.cast(tf.random.stateless_normal((8, 50, 32), seed=(4, 2)), tf.bfloat16)
+    layer.build(x.shape)
+
+    def train_step(x):
+        with tf.GradientTape() as tape:
+            y = layer(x, training=True)
+        return y, tape.gradient(y, layer.trainable_variables)
+
+    types = _op_types(tf.function(train_step), x)
+    assert {"FusedBiasRelu", "FusedBiasReluGrad"} <= types
+    assert not any("Random" in t for t in types) and "ReluGrad" not in types
+    full = _as_float(layer(x, training=False))
+    out = _as_float(layer(x, training=True))
+    dropped = (out == 0) & (full != 0)
+    assert abs(dropped.mean() - 0.2) < 0.02
+    switch = DropoutSwitch(on=False)
+    assert attach_dropout_switch(layer, switch) == 2
+    np.testing.assert_allclose(_as_float(layer(x, training=True)), full, atol=0.05 * np.abs(full).max(), rtol=0)
+    assert ((_as_float(layer(x, training=True)) == 0) == (full == 0)).mean() > 0.99
+
+
+def test_add_bias_with_the_kernels_is_the_sum_and_its_gradient(kernels):
+    """`add_bias` on bfloat16 `[B, T, N, H]` heads and an `[N, H]` bias: the sum rounded once, the
+    upstream gradient handed on unchanged, the bias gradient summed in float32; float32 heads
+    take TensorFlow's add."""
+    rng = np.random.default_rng(8)
+    y = tf.cast(rng.normal(size=(3, 7, 4, 16)), tf.bfloat16)
+    bias = tf.cast(rng.normal(size=(4, 16)), tf.bfloat16)
+    upstream = tf.cast(rng.normal(size=(3, 7, 4, 16)), tf.bfloat16)
+    with tf.GradientTape() as tape:
+        tape.watch([y, bias])
+        out = add_bias(y, bias, kernels)
+    d_y, d_bias = tape.gradient(out, [y, bias], output_gradients=upstream)
+    np.testing.assert_array_equal(_as_float(out), _rounded(_as_float(y) + _as_float(bias), tf.bfloat16))
+    np.testing.assert_array_equal(_as_float(d_y), _as_float(upstream))
+    assert d_bias.shape == bias.shape
+    np.testing.assert_array_equal(_as_float(d_bias), _rounded(_as_float(upstream).astype(np.float64).sum((0, 1)),
+                                                              tf.bfloat16))
+    graph = tf.function(lambda y: add_bias(y, bias, kernels)).get_concrete_function(y).graph
+    assert "FusedBiasRelu" in {op.type for op in graph.get_operations()}
+    f32 = tf.function(lambda y: add_bias(y, tf.cast(bias, tf.float32), kernels))
+    assert "FusedBiasRelu" not in {op.type for op in f32.get_concrete_function(tf.cast(y, tf.float32)).graph.get_operations()}

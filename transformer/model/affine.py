@@ -18,46 +18,91 @@ Two things Keras' `Dense` / `EinsumDense` leave on the table on a CPU, in traini
 
 The gradient is written out (`tf.custom_gradient`) so that no gradient op reads the pre-ReLU
 product (which would keep it alive and block the fusion): the same MatMuls autodiff runs, ReLU's
-gradient from its output, and the bias gradient as `ones [1, rows] · upstream`. The FFN block
+gradient from its output, and the bias gradient as `ones [1, rows] · upstream` (with the fused
+kernels, `FusedBiasReluGrad` applies the ReLU's and the dropout's masks and sums it in one pass). The FFN block
 (`[64, 32, 256]` → 1024 → 256, bfloat16, forward + backward) ran 1.05× as fast as Keras' layers,
 float32 without oneDNN's ops 0.99-1.00× (docs/speed.md).
 """
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import tensorflow as tf
 
 
-def affine(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool = False, kernels=None) -> tf.Tensor:
+def affine(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool = False, kernels=None,
+           dropout: Optional[tuple] = None) -> tf.Tensor:
     """`x [..., d_in] · kernel [d_in, d_out] + bias [d_out]`, then ReLU if `relu`; all in x's dtype.
 
     `kernels`: the fused CPU kernels' op library (a training call while they are enabled), or None.
     With it, a bfloat16 product runs alone (oneDNN's plain matmul: AMX) and `FusedBiasRelu` adds
     the bias (and ReLU) in one pass; the remapper's fused product ran on oneDNN's slower
-    `inner_product` there (docs/speed.md)."""
+    `inner_product` there (docs/speed.md). Its gradient `FusedBiasReluGrad` applies the ReLU's
+    mask and sums the bias gradient in one pass.
+    `dropout`: `(rate, seed)` (float32 scalar, int32 `[2]`; `dropout.dropout_rate_and_seed`), applied
+    to the result by the same kernels; only where `uses_kernels(x.dtype, kernels)`.
+    """
     d_in, d_out = kernel.shape
     rows = tf.reshape(x, [-1, d_in])
-    y = _affine_rows(rows, kernel, bias, relu, kernels if x.dtype == tf.bfloat16 else None)
+    fused = kernels if uses_kernels(x.dtype, kernels) else None
+    if dropout is not None and fused is None:
+        raise ValueError("affine's dropout runs in the fused kernels: a bfloat16 training call with them enabled")
+    y = _affine_rows(rows, kernel, bias, relu, fused, dropout)
     return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [d_out]], axis=0))
 
 
-def _affine_rows(rows: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool, kernels=None) -> tf.Tensor:
+def add_bias(y: tf.Tensor, bias: tf.Tensor, kernels=None) -> tf.Tensor:
+    """`y [..., *b] + bias b` (any rank, y's last axes) in y's dtype. Where `uses_kernels`, by
+    `FusedBiasRelu` (in place), whose gradient `FusedBiasReluGrad` sums the bias gradient in float32
+    in the same pass that hands the upstream gradient on; else TensorFlow's add."""
+    bias = tf.cast(bias, y.dtype)
+    if not uses_kernels(y.dtype, kernels):
+        return y + bias
+    rate, seed = tf.constant(0.0), tf.zeros([2], tf.int32)
+    width, shape = math.prod(bias.shape), tf.shape(y)
+
+    @tf.custom_gradient
+    def forward(y, bias):
+        out = kernels.fused_bias_relu(tf.reshape(y, [-1, width]), tf.reshape(bias, [width]), rate, seed, relu=False)
+
+        def grad(upstream):
+            d_y, d_bias = kernels.fused_bias_relu_grad(tf.reshape(upstream, [-1, width]), out, rate, seed, relu=False)
+            return tf.reshape(d_y, shape), tf.reshape(d_bias, tf.shape(bias))
+
+        return tf.reshape(out, shape), grad
+
+    return forward(y, bias)
+
+
+def uses_kernels(dtype: tf.DType, kernels) -> bool:
+    """Whether `affine` on `dtype` rows runs its bias (ReLU, dropout) in the fused `kernels` (bfloat16 only)."""
+    return kernels is not None and dtype == tf.bfloat16
+
+
+def _affine_rows(rows: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool, kernels=None,
+                 dropout: Optional[tuple] = None) -> tf.Tensor:
     """`affine` on `rows [N, d_in]` → `[N, d_out]`, with its closed-form gradient."""
+    if kernels is not None:
+        rate, seed = dropout if dropout is not None else (tf.constant(0.0), tf.zeros([2], tf.int32))
 
     @tf.custom_gradient
     def forward(rows, kernel, bias):
         if kernels is not None:
-            y = kernels.fused_bias_relu(tf.matmul(rows, kernel), bias, relu=relu)
+            y = kernels.fused_bias_relu(tf.matmul(rows, kernel), bias, rate, seed, relu=relu)
         else:
             y = tf.nn.bias_add(tf.matmul(rows, kernel), bias)
             if relu:
                 y = tf.nn.relu(y)
 
         def grad(upstream):
-            pre = tf.raw_ops.ReluGrad(gradients=upstream, features=y) if relu else upstream  # ∂/∂(xW + b)
-            ones = tf.ones([1, tf.shape(pre)[0]], pre.dtype)
-            return (tf.matmul(pre, kernel, transpose_b=True), tf.matmul(rows, pre, transpose_a=True),
-                    tf.reshape(tf.matmul(ones, pre), [-1]))
+            if kernels is not None:
+                pre, d_bias = kernels.fused_bias_relu_grad(upstream, y, rate, seed, relu=relu)  # ∂/∂(xW + b), Σ rows
+            else:
+                pre = tf.raw_ops.ReluGrad(gradients=upstream, features=y) if relu else upstream
+                d_bias = tf.reshape(tf.matmul(tf.ones([1, tf.shape(pre)[0]], pre.dtype), pre), [-1])
+            return tf.matmul(pre, kernel, transpose_b=True), tf.matmul(rows, pre, transpose_a=True), d_bias
 
         return y, grad
 

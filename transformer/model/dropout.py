@@ -65,6 +65,17 @@ def dropout_seed(seed_generator: keras.random.SeedGenerator) -> tf.Tensor:
     return tf.cast(tf.math.floormod(seed_generator.next(), tf.int32.max - 1), tf.int32)
 
 
+def dropout_rate_and_seed(dropout: keras.layers.Dropout) -> tuple:
+    """A fused kernel's dropout inputs for the Keras dropout `dropout` (rate > 0): its rate as a float32
+    scalar (0 while its late-dropout switch is off: no random numbers) and the next int32 `[2]`
+    seed of its generator. The kernels' random stream is a hash of each element's position, not Philox."""
+    rate = tf.constant(dropout.rate, tf.float32)
+    switch = getattr(dropout, "dropout_switch", None)
+    if switch is not None:
+        rate = tf.where(switch.on, rate, 0.0)
+    return rate, dropout_seed(dropout.seed_generator)
+
+
 def fast_dropout(x: tf.Tensor, rate: float, seed_generator: keras.random.SeedGenerator,
                  switch: Optional[DropoutSwitch] = None) -> tf.Tensor:
     """`x` (any float dtype/shape) with elements zeroed with probability `rate`, the rest / (1 - rate);

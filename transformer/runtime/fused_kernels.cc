@@ -8,6 +8,8 @@
 //     hash of the element's position).
 //   FusedCrossEntropy / FusedCrossEntropyGrad: the label-smoothed cross-entropy of logits [..., V] read
 //     in their own dtype (float32 inside), the gradient's softmax recomputed from the logits.
+//   FusedBiasRelu / FusedBiasReluGrad: a matrix product's bias, ReLU and dropout in one pass each way,
+//     the bias gradient included.
 //
 // x/logits and their gradients are float32, bfloat16 or float16; gamma, beta, statistics float32.
 // Rows are split over TensorFlow's intra-op threads (`Shard`); every result is independent of the
@@ -545,16 +547,35 @@ REGISTER_CROSS_ENTROPY(float)
 REGISTER_CROSS_ENTROPY(Eigen::bfloat16)
 REGISTER_CROSS_ENTROPY(Eigen::half)
 
-// ---- bias (+ ReLU) on a matrix product's rows, in place when TensorFlow lets the input go
+// ---- bias (+ ReLU) (+ dropout) on a matrix product's rows, in place when TensorFlow lets the input go
 //
-//   FusedBiasRelu: y [..., d] + bias [d] (then max(·, 0) if `relu`), float32 inside, one pass. A
-//     bfloat16 product then runs as oneDNN's plain matmul (AMX), where a product fused with its bias
-//     ran as its slower `inner_product` (docs/speed.md).
+//   FusedBiasRelu: dropout(act(y [..., d] + bias [d])), act = max(·, 0) if `relu` else identity,
+//     float32 inside, one pass; dropout at `rate` with the hash stream of the attention kernels
+//     (rate 0: none). A bfloat16 product then runs as oneDNN's plain matmul (AMX), where a
+//     product fused with its bias ran as its slower `inner_product` (docs/speed.md).
+//   FusedBiasReluGrad: from the upstream gradient and FusedBiasRelu's output, ∂(y + bias) (the
+//     ReLU's and the dropout's masks applied, the dropout mask recomputed from the seed) and
+//     ∂bias = Σ rows of it, summed in float32 in fixed blocks of rows (deterministic).
 REGISTER_OP("FusedBiasRelu")
-    .Input("y: T").Input("bias: T")
+    .Input("y: T").Input("bias: T").Input("rate: float").Input("seed: int32")
     .Output("out: T")
     .Attr("T: {float, bfloat16, half}").Attr("relu: bool")
     .SetShapeFn(shape_inference::UnchangedShape);
+
+REGISTER_OP("FusedBiasReluGrad")
+    .Input("upstream: T").Input("out: T").Input("rate: float").Input("seed: int32")
+    .Output("d_y: T").Output("d_bias: T")
+    .Attr("T: {float, bfloat16, half}").Attr("relu: bool")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      shape_inference::ShapeHandle x = c->input(0);
+      if (!c->RankKnown(x)) {
+        c->set_output(1, c->Vector(c->UnknownDim()));
+      } else {
+        c->set_output(1, c->Vector(c->Dim(x, c->Rank(x) - 1)));
+      }
+      return OkStatus();
+    });
 
 template <typename T>
 class FusedBiasReluOp : public OpKernel {
@@ -568,6 +589,8 @@ class FusedBiasReluOp : public OpKernel {
     OP_REQUIRES(ctx, y.dims() >= 1 && bias.dims() == 1 && bias.dim_size(0) == y.dim_size(y.dims() - 1),
                 errors::InvalidArgument("bias must be [d] for y [..., d], got ", bias.shape().DebugString(),
                                         " and ", y.shape().DebugString()));
+    DropoutParams dp;
+    OP_REQUIRES_OK(ctx, GetDropout(ctx, 2, 3, &dp));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, y.shape(), &out));
     const int64_t d = bias.dim_size(0);
@@ -578,28 +601,119 @@ class FusedBiasReluOp : public OpKernel {
     for (int64_t j = 0; j < d; ++j) b[j] = to_float(bias.flat<T>()(j));
     const float* bp = b.data();
     const bool relu = relu_;
-    auto work = [&](int64_t begin, int64_t end) {
+    // Every loop reads only locals (no captured references): the compiler vectorizes it.
+    auto work = [=](int64_t begin, int64_t end) {
+      const uint32_t thr = static_cast<uint32_t>(dp.threshold), s0 = dp.s0, s1 = dp.s1;
+      const bool dropout = dp.threshold != 0, all = dp.threshold > 0xFFFFFFFFull;
+      const float scale = dp.scale, floor = relu ? 0.f : -INFINITY;
       for (int64_t r = begin; r < end; ++r) {
         const T* yr = yp + r * d;
         T* orow = op + r * d;
-        if (relu) {
+        if (!dropout) {
 #pragma omp simd
-          for (int64_t j = 0; j < d; ++j) orow[j] = from_float<T>(std::max(to_float(yr[j]) + bp[j], 0.f));
+          for (int64_t j = 0; j < d; ++j) orow[j] = from_float<T>(std::max(to_float(yr[j]) + bp[j], floor));
         } else {
+          const uint32_t key = row_key(r, s1);
 #pragma omp simd
-          for (int64_t j = 0; j < d; ++j) orow[j] = from_float<T>(to_float(yr[j]) + bp[j]);
+          for (int64_t j = 0; j < d; ++j) {
+            const float v = std::max(to_float(yr[j]) + bp[j], floor);
+            const bool keep = !all && element_bits(static_cast<uint32_t>(j), key, s0) >= thr;
+            orow[j] = from_float<T>(keep ? v * scale : 0.f);
+          }
         }
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(workers->num_threads, workers->workers, rows, 3 * d, work);
+    Shard(workers->num_threads, workers->workers, rows, (dp.threshold ? 12 : 3) * d, work);
   }
  private:
   bool relu_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<float>("T"), FusedBiasReluOp<float>);
-REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<Eigen::bfloat16>("T"),
-                        FusedBiasReluOp<Eigen::bfloat16>);
-REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<Eigen::half>("T"),
-                        FusedBiasReluOp<Eigen::half>);
+template <typename T>
+class FusedBiasReluGradOp : public OpKernel {
+ public:
+  explicit FusedBiasReluGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& up = ctx->input(0);
+    const Tensor& out = ctx->input(1);
+    OP_REQUIRES(ctx, up.dims() >= 1 && up.shape() == out.shape(),
+                errors::InvalidArgument("upstream and out must have one shape [..., d], got ",
+                                        up.shape().DebugString(), " and ", out.shape().DebugString()));
+    DropoutParams dp;
+    OP_REQUIRES_OK(ctx, GetDropout(ctx, 2, 3, &dp));
+    const int64_t d = up.dim_size(up.dims() - 1);
+    const int64_t rows = d > 0 ? up.NumElements() / d : 0;
+    Tensor *dy, *db;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, up.shape(), &dy));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({d}), &db));
+    const T* upp = up.flat<T>().data();
+    const T* outp = out.flat<T>().data();
+    T* dyp = dy->flat<T>().data();
+    const bool relu = relu_;
+    // With ReLU, an element's gradient flows where the output is > 0: kept by the dropout and
+    // positive (a dropped or clipped element is 0), so the dropout mask needs no recomputing.
+    const bool hash = !relu && dp.threshold != 0;
+    const int64_t block = 64;
+    const int64_t blocks = (rows + block - 1) / block;
+    std::vector<float> partial(blocks * d, 0.f);
+    float* partials = partial.data();
+    auto work = [=](int64_t begin, int64_t end) {
+      const uint32_t thr = static_cast<uint32_t>(dp.threshold), s0 = dp.s0, s1 = dp.s1;
+      const bool all = dp.threshold > 0xFFFFFFFFull;
+      const float scale = dp.threshold == 0 ? 1.f : dp.scale;
+      for (int64_t k = begin; k < end; ++k) {
+        float* pb = partials + k * d;
+        for (int64_t r = k * block; r < std::min(rows, (k + 1) * block); ++r) {
+          const T* ur = upp + r * d;
+          const T* orow = outp + r * d;
+          T* gr = dyp + r * d;
+          if (relu) {
+#pragma omp simd
+            for (int64_t j = 0; j < d; ++j) {
+              gr[j] = from_float<T>(to_float(orow[j]) > 0.f ? to_float(ur[j]) * scale : 0.f);
+              pb[j] += to_float(gr[j]);  // (a T temporary instead keeps GCC from vectorizing)
+            }
+          } else if (hash) {
+            const uint32_t key = row_key(r, s1);
+#pragma omp simd
+            for (int64_t j = 0; j < d; ++j) {
+              const bool keep = !all && element_bits(static_cast<uint32_t>(j), key, s0) >= thr;
+              gr[j] = from_float<T>(keep ? to_float(ur[j]) * scale : 0.f);
+              pb[j] += to_float(gr[j]);
+            }
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < d; ++j) {
+              const float g = to_float(ur[j]);
+              gr[j] = from_float<T>(g);  // exact: g holds a T
+              pb[j] += g;
+            }
+          }
+        }
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, (hash ? 12 : 4) * d * block, work);
+    std::vector<float> sum(d, 0.f);
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float* pb = partial.data() + k * d;
+      for (int64_t j = 0; j < d; ++j) sum[j] += pb[j];
+    }
+    T* dbp = db->flat<T>().data();
+    for (int64_t j = 0; j < d; ++j) dbp[j] = from_float<T>(sum[j]);
+  }
+ private:
+  bool relu_;
+};
+
+#define REGISTER_BIAS(T)                                                                         \
+  REGISTER_KERNEL_BUILDER(Name("FusedBiasRelu").Device(DEVICE_CPU).TypeConstraint<T>("T"),      \
+                          FusedBiasReluOp<T>);                                                   \
+  REGISTER_KERNEL_BUILDER(Name("FusedBiasReluGrad").Device(DEVICE_CPU).TypeConstraint<T>("T"),  \
+                          FusedBiasReluGradOp<T>);
+REGISTER_BIAS(float)
+REGISTER_BIAS(Eigen::bfloat16)
+REGISTER_BIAS(Eigen::half)

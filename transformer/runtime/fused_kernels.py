@@ -8,11 +8,12 @@ element-wise and reduction kernels, each a pass over memory: on an AMX Xeon thos
 most of the mixed-precision step's time outside matrix products (docs/speed.md). `fused_kernels.cc`
 does each in one pass forward and one back: `FusedLayerNorm` (and its gradient),
 `FusedAttentionSoftmax` (mask, float32 softmax and dropout; its gradient recomputes the dropout
-mask from the seed), `FusedBiasRelu` (a bfloat16 product's bias and ReLU, so that the product runs
-alone: oneDNN's AMX matmul) and `FusedCrossEntropy` (the label-smoothed loss; its gradient
-recomputes the softmax). The model's `LayerNorm`, attention and `affine` layers use them in training
-calls while they are enabled (`active_kernels`), the loss in every call then; inference (BLEU, the
-translator, every export) keeps TensorFlow's own ops, so a SavedModel never needs this library.
+mask from the seed), `FusedBiasRelu` (a bfloat16 product's bias, ReLU and dropout, so that the
+product runs alone: oneDNN's AMX matmul; its gradient sums the bias gradient in the same pass) and
+`FusedCrossEntropy` (the label-smoothed loss; its gradient recomputes the softmax). The model's
+`LayerNorm`, attention and `affine` layers (the FFN's dropout too) use them in training calls while
+they are enabled (`active_kernels`), the loss in every call then; inference (BLEU, the translator,
+every export) keeps TensorFlow's own ops, so a SavedModel never needs this library.
 
 The library is built with the machine's C++ compiler (`$CXX`, else `g++`/`c++`) against the installed
 TensorFlow's headers (`tf.sysconfig`), `-O3 -march=native`, into
