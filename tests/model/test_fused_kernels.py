@@ -11,6 +11,7 @@ from transformer.model.affine import add_bias, affine
 from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
 from transformer.model.layers import NEG_INF, FeedForward, masked_softmax_dropout
+from transformer.model.logits import project
 from transformer.model.losses import MaskedSparseCrossEntropy, fused_cross_entropy, smoothed_cross_entropy
 from transformer.runtime.fused_kernels import KernelsUnavailable, disable_fused_kernels, enable_fused_kernels
 
@@ -314,6 +315,13 @@ def test_bfloat16_model_trains_with_the_bias_kernel_only(kernels, tiny_model_con
     assert "FusedBiasRelu" in _op_types(call(True), src, tgt)
     assert "FusedBiasRelu" not in _op_types(call(False), src, tgt)
 
+    def gradients(s, t):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model((s, t), training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    assert "FusedCastSum" in _op_types(tf.function(gradients), src, tgt)  # the projection's gradient
+
 
 def test_bfloat16_feed_forward_drops_in_its_bias_kernels(kernels, bfloat16_policy):
     """A bfloat16 FFN's training call drops its ReLU outputs and its output inside FusedBiasRelu
@@ -361,3 +369,33 @@ def test_add_bias_with_the_kernels_is_the_sum_and_its_gradient(kernels):
     assert "FusedBiasRelu" in {op.type for op in graph.get_operations()}
     f32 = tf.function(lambda y: add_bias(y, tf.cast(bias, tf.float32), kernels))
     assert "FusedBiasRelu" not in {op.type for op in f32.get_concrete_function(tf.cast(y, tf.float32)).graph.get_operations()}
+
+
+def test_cast_sum_kernel_rounds_once_and_sums_rows_in_float32(kernels):
+    rng = np.random.default_rng(9)
+    x = tf.constant(rng.normal(size=(130, 37)), tf.float32)  # 130 rows: three row blocks, the last partial
+    y, sums = kernels.fused_cast_sum(x, Tout=tf.bfloat16)
+    assert y.dtype == tf.bfloat16 and sums.dtype == tf.float32
+    np.testing.assert_array_equal(_as_float(y), _rounded(x.numpy(), tf.bfloat16))
+    np.testing.assert_allclose(sums.numpy(), x.numpy().astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_projection_gradient_with_the_cast_sum_kernel_equals_tensorflows(kernels, transposed):
+    """`logits.project`'s bfloat16 gradient: `FusedCastSum` in place of a cast and a Sum, same values."""
+    rng = np.random.default_rng(10)
+    x = tf.cast(tf.cast(rng.normal(size=(3, 5, 16)), tf.bfloat16), tf.float32)
+    matrix = tf.constant(rng.normal(0.0, 0.2, (40, 16) if transposed else (16, 40)), tf.float32)
+    bias, upstream = tf.constant(rng.normal(size=40), tf.float32), tf.constant(rng.normal(size=(3, 5, 40)), tf.float32)
+
+    def gradients(ops):
+        call = tf.function(lambda x, m, b: project(x, m, b, tf.bfloat16, transposed=transposed, kernels=ops))
+        with tf.GradientTape() as tape:
+            tape.watch([x, matrix, bias])
+            y = call(x, matrix, bias)
+        return tape.gradient(y, [x, matrix, bias], output_gradients=upstream)
+
+    got, want = gradients(kernels), gradients(None)
+    for a, b in zip(got[:2], want[:2]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_allclose(got[2].numpy(), want[2].numpy(), rtol=1e-5, atol=1e-5)

@@ -21,6 +21,7 @@ from typing import Optional
 import keras
 
 from transformer.model.logits import project
+from transformer.runtime.fused_kernels import active_kernels
 
 
 @keras.saving.register_keras_serializable(package="transformer")
@@ -50,5 +51,6 @@ class TiedLogits(keras.layers.Layer):
         self.built = True
 
     def call(self, x, training=None):
-        grad_dtype = self.grad_dtype if training else None
-        return project(x, self.embedding.embeddings, self.bias, grad_dtype, transposed=True)  # embeddings [V, d] float32
+        grad_dtype, kernels = (self.grad_dtype, active_kernels()) if training else (None, None)
+        return project(x, self.embedding.embeddings, self.bias, grad_dtype, transposed=True,  # embeddings [V, d] float32
+                       kernels=kernels)

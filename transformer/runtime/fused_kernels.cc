@@ -10,6 +10,7 @@
 //     in their own dtype (float32 inside), the gradient's softmax recomputed from the logits.
 //   FusedBiasRelu / FusedBiasReluGrad: a matrix product's bias, ReLU and dropout in one pass each way,
 //     the bias gradient included.
+//   FusedCastSum: a float32 gradient rounded to bfloat16 and summed over its rows, one pass.
 //
 // x/logits and their gradients are float32, bfloat16 or float16; gamma, beta, statistics float32.
 // Rows are split over TensorFlow's intra-op threads (`Shard`); every result is independent of the
@@ -684,6 +685,9 @@ class FusedBiasReluGradOp : public OpKernel {
               gr[j] = from_float<T>(keep ? to_float(ur[j]) * scale : 0.f);
               pb[j] += to_float(gr[j]);
             }
+          } else if (gr == ur) {  // the upstream's buffer handed over: the gradient is already in place
+#pragma omp simd
+            for (int64_t j = 0; j < d; ++j) pb[j] += to_float(ur[j]);
           } else {
 #pragma omp simd
             for (int64_t j = 0; j < d; ++j) {
@@ -717,3 +721,68 @@ class FusedBiasReluGradOp : public OpKernel {
 REGISTER_BIAS(float)
 REGISTER_BIAS(Eigen::bfloat16)
 REGISTER_BIAS(Eigen::half)
+
+// ---- a float32 gradient rounded to a narrower dtype, and its column sums, in one pass
+//
+//   FusedCastSum: x [N, d] float32 → (y = x in `Tout`, Σ rows of x [d] float32, in fixed blocks of
+//     rows: deterministic). The output projection's bfloat16 gradient products read y; its bias
+//     gradient is the sums (transformer/model/logits.py).
+REGISTER_OP("FusedCastSum")
+    .Input("x: float")
+    .Output("y: Tout").Output("sums: float")
+    .Attr("Tout: {bfloat16, half}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      shape_inference::ShapeHandle x = c->input(0);
+      if (!c->RankKnown(x)) {
+        c->set_output(1, c->Vector(c->UnknownDim()));
+      } else {
+        c->set_output(1, c->Vector(c->Dim(x, c->Rank(x) - 1)));
+      }
+      return OkStatus();
+    });
+
+template <typename Tout>
+class FusedCastSumOp : public OpKernel {
+ public:
+  explicit FusedCastSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    OP_REQUIRES(ctx, x.dims() >= 1, errors::InvalidArgument("x must have rank >= 1"));
+    const int64_t d = x.dim_size(x.dims() - 1);
+    const int64_t rows = d > 0 ? x.NumElements() / d : 0;
+    Tensor *y, *sums;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &y));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({d}), &sums));
+    const float* xp = x.flat<float>().data();
+    Tout* yp = y->flat<Tout>().data();
+    const int64_t block = 64;
+    const int64_t blocks = (rows + block - 1) / block;
+    std::vector<float> partial(blocks * d, 0.f);
+    float* partials = partial.data();
+    auto work = [=](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        float* pb = partials + k * d;
+        for (int64_t r = k * block; r < std::min(rows, (k + 1) * block); ++r) {
+          const float* xr = xp + r * d;
+          Tout* yr = yp + r * d;
+#pragma omp simd
+          for (int64_t j = 0; j < d; ++j) { yr[j] = from_float<Tout>(xr[j]); pb[j] += xr[j]; }
+        }
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, 4 * d * block, work);
+    float* sp = sums->flat<float>().data();
+    std::fill(sp, sp + d, 0.f);
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float* pb = partials + k * d;
+      for (int64_t j = 0; j < d; ++j) sp[j] += pb[j];
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("FusedCastSum").Device(DEVICE_CPU).TypeConstraint<Eigen::bfloat16>("Tout"),
+                        FusedCastSumOp<Eigen::bfloat16>);
+REGISTER_KERNEL_BUILDER(Name("FusedCastSum").Device(DEVICE_CPU).TypeConstraint<Eigen::half>("Tout"),
+                        FusedCastSumOp<Eigen::half>);
