@@ -19,9 +19,9 @@ Two things Keras' `Dense` / `EinsumDense` leave on the table on a CPU, in traini
 The gradient is written out (`tf.custom_gradient`) so that no gradient op reads the pre-ReLU
 product (which would keep it alive and block the fusion): the same MatMuls autodiff runs, ReLU's
 gradient from its output, and the bias gradient as `ones [1, rows] · upstream` (with the fused
-kernels, `FusedBiasReluGrad` applies the ReLU's and the dropout's masks and sums it in one pass). The FFN block
-(`[64, 32, 256]` → 1024 → 256, bfloat16, forward + backward) ran 1.05× as fast as Keras' layers,
-float32 without oneDNN's ops 0.99-1.00× (docs/speed.md).
+kernels, `FusedBiasReluGrad` applies the ReLU's and the dropout's masks and sums it in one pass).
+The FFN block (`[64, 32, 256]` → 1024 → 256, bfloat16, forward + backward) ran 1.05× as fast as
+Keras' layers, float32 without oneDNN's ops 0.99-1.00× (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import math
 from typing import Optional
 
 import tensorflow as tf
+
+from transformer.model.dropout import no_dropout
 
 
 def affine(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool = False, kernels=None,
@@ -60,7 +62,7 @@ def add_bias(y: tf.Tensor, bias: tf.Tensor, kernels=None) -> tf.Tensor:
     bias = tf.cast(bias, y.dtype)
     if not uses_kernels(y.dtype, kernels):
         return y + bias
-    rate, seed = tf.constant(0.0), tf.zeros([2], tf.int32)
+    rate, seed = no_dropout()
     width, shape = math.prod(bias.shape), tf.shape(y)
 
     @tf.custom_gradient
@@ -85,7 +87,7 @@ def _affine_rows(rows: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool
                  dropout: Optional[tuple] = None) -> tf.Tensor:
     """`affine` on `rows [N, d_in]` → `[N, d_out]`, with its closed-form gradient."""
     if kernels is not None:
-        rate, seed = dropout if dropout is not None else (tf.constant(0.0), tf.zeros([2], tf.int32))
+        rate, seed = dropout if dropout is not None else no_dropout()
 
     @tf.custom_gradient
     def forward(rows, kernel, bias):

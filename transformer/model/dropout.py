@@ -76,6 +76,11 @@ def dropout_rate_and_seed(dropout: keras.layers.Dropout) -> tuple:
     return rate, dropout_seed(dropout.seed_generator)
 
 
+def no_dropout() -> tuple:
+    """A fused kernel's dropout inputs `(rate, seed)` for no dropout: rate 0, a zero seed."""
+    return tf.constant(0.0), tf.zeros([2], tf.int32)
+
+
 def fast_dropout(x: tf.Tensor, rate: float, seed_generator: keras.random.SeedGenerator,
                  switch: Optional[DropoutSwitch] = None) -> tf.Tensor:
     """`x` (any float dtype/shape) with elements zeroed with probability `rate`, the rest / (1 - rate);

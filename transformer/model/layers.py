@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from transformer.model.affine import add_bias, affine, uses_kernels
-from transformer.model.dropout import FastDropout, dropout_rate_and_seed, fast_dropout
+from transformer.model.dropout import FastDropout, dropout_rate_and_seed, fast_dropout, no_dropout
 from transformer.model.layer_norm import LayerNorm
 from transformer.runtime.fused_kernels import active_kernels
 
@@ -287,7 +287,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         if self._dropout > 0:
             rate, seed = dropout_rate_and_seed(self._dropout_layer)
         else:
-            rate, seed = tf.constant(0.0), tf.zeros([2], tf.int32)
+            rate, seed = no_dropout()
         return masked_softmax_dropout(kernels, logits, mask, rate, seed)
 
 
