@@ -55,6 +55,21 @@ Status RowShape(shape_inference::InferenceContext* c, int input, shape_inference
   return c->Subshape(x, 0, -1, out);
 }
 
+// Output 0 shaped as input 0 `[..., d]`, output 1 its column sums `[d]`.
+Status ShapeAndColumnSums(shape_inference::InferenceContext* c) {
+  c->set_output(0, c->input(0));
+  shape_inference::ShapeHandle x = c->input(0);
+  c->set_output(1, c->RankKnown(x) ? c->Vector(c->Dim(x, c->Rank(x) - 1)) : c->Vector(c->UnknownDim()));
+  return OkStatus();
+}
+
+// `out[j]` = Σ over `blocks` partial rows `partials [blocks, d]`, in block order (deterministic).
+void SumBlocks(const float* partials, int64_t blocks, int64_t d, float* out) {
+  std::fill(out, out + d, 0.f);
+  for (int64_t k = 0; k < blocks; ++k)
+    for (int64_t j = 0; j < d; ++j) out[j] += partials[k * d + j];
+}
+
 }  // namespace
 
 REGISTER_OP("FusedLayerNorm")
@@ -567,16 +582,7 @@ REGISTER_OP("FusedBiasReluGrad")
     .Input("upstream: T").Input("out: T").Input("rate: float").Input("seed: int32")
     .Output("d_y: T").Output("d_bias: T")
     .Attr("T: {float, bfloat16, half}").Attr("relu: bool")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      shape_inference::ShapeHandle x = c->input(0);
-      if (!c->RankKnown(x)) {
-        c->set_output(1, c->Vector(c->UnknownDim()));
-      } else {
-        c->set_output(1, c->Vector(c->Dim(x, c->Rank(x) - 1)));
-      }
-      return OkStatus();
-    });
+    .SetShapeFn(ShapeAndColumnSums);
 
 template <typename T>
 class FusedBiasReluOp : public OpKernel {
@@ -701,11 +707,8 @@ class FusedBiasReluGradOp : public OpKernel {
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     Shard(workers->num_threads, workers->workers, blocks, (hash ? 12 : 4) * d * block, work);
-    std::vector<float> sum(d, 0.f);
-    for (int64_t k = 0; k < blocks; ++k) {
-      const float* pb = partial.data() + k * d;
-      for (int64_t j = 0; j < d; ++j) sum[j] += pb[j];
-    }
+    std::vector<float> sum(d);
+    SumBlocks(partials, blocks, d, sum.data());
     T* dbp = db->flat<T>().data();
     for (int64_t j = 0; j < d; ++j) dbp[j] = from_float<T>(sum[j]);
   }
@@ -731,16 +734,7 @@ REGISTER_OP("FusedCastSum")
     .Input("x: float")
     .Output("y: Tout").Output("sums: float")
     .Attr("Tout: {bfloat16, half}")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
-      shape_inference::ShapeHandle x = c->input(0);
-      if (!c->RankKnown(x)) {
-        c->set_output(1, c->Vector(c->UnknownDim()));
-      } else {
-        c->set_output(1, c->Vector(c->Dim(x, c->Rank(x) - 1)));
-      }
-      return OkStatus();
-    });
+    .SetShapeFn(ShapeAndColumnSums);
 
 template <typename Tout>
 class FusedCastSumOp : public OpKernel {
@@ -773,12 +767,7 @@ class FusedCastSumOp : public OpKernel {
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     Shard(workers->num_threads, workers->workers, blocks, 4 * d * block, work);
-    float* sp = sums->flat<float>().data();
-    std::fill(sp, sp + d, 0.f);
-    for (int64_t k = 0; k < blocks; ++k) {
-      const float* pb = partials + k * d;
-      for (int64_t j = 0; j < d; ++j) sp[j] += pb[j];
-    }
+    SumBlocks(partials, blocks, d, sums->flat<float>().data());
   }
 };
 
