@@ -8,7 +8,7 @@ import tensorflow as tf
 from helpers_model import build, random_ids
 
 from transformer.model.affine import add_bias, affine
-from transformer.model.dropout import DropoutSwitch, attach_dropout_switch
+from transformer.model.dropout import DropoutSwitch, attach_dropout_switch, no_dropout
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
 from transformer.model.layers import NEG_INF, FeedForward, masked_softmax_dropout
 from transformer.model.logits import project
@@ -225,7 +225,6 @@ def test_training_with_the_kernels_lowers_the_loss(kernels, tiny_model_config):
 
 
 
-NO_DROPOUT = (tf.constant(0.0), tf.zeros([2], tf.int32))  # FusedBiasRelu's (rate, seed) without dropout
 
 
 def _rounded(values, dtype) -> np.ndarray:
@@ -240,13 +239,13 @@ def test_bias_relu_kernel_adds_the_bias_once_rounded(kernels, dtype):
     exact = _as_float(y) + _as_float(bias)
     for relu in (False, True):
         want = np.maximum(exact, 0) if relu else exact
-        got = _as_float(kernels.fused_bias_relu(y, bias, *NO_DROPOUT, relu=relu))
+        got = _as_float(kernels.fused_bias_relu(y, bias, *no_dropout(), relu=relu))
         if dtype == tf.float32:
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
         else:  # float32 inside, one rounding to bfloat16 at the end
             np.testing.assert_array_equal(got, _rounded(want, tf.bfloat16))
     with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be"):
-        kernels.fused_bias_relu(y, bias[:5], *NO_DROPOUT, relu=False)
+        kernels.fused_bias_relu(y, bias[:5], *no_dropout(), relu=False)
 
 
 @pytest.mark.parametrize("relu", [False, True])
@@ -259,7 +258,7 @@ def test_bias_kernel_dropout_and_its_gradient_share_one_mask(kernels, relu):
     upstream = tf.cast(rng.normal(size=(300, 197)), tf.bfloat16)
     rate, seed = tf.constant(0.25), tf.constant([3, 11], tf.int32)
     out = _as_float(kernels.fused_bias_relu(y, bias, rate, seed, relu=relu))
-    full = _as_float(kernels.fused_bias_relu(y, bias, *NO_DROPOUT, relu=relu))
+    full = _as_float(kernels.fused_bias_relu(y, bias, *no_dropout(), relu=relu))
     dropped = (out == 0) & (full > 0 if relu else full != 0)  # ReLU's zeros (and y = -bias) are not the dropout's
     dropped_share = dropped.sum() / (full > 0).sum() if relu else dropped.mean()
     assert abs(dropped_share - 0.25) < 0.01

@@ -380,11 +380,9 @@ class FeedForward(keras.layers.Layer):
                         dropout=inner_dropout)
         if self.inner_dropout is not None and inner_dropout is None:
             hidden = self.inner_dropout(hidden, training=training)
-        if fused and self.dropout_rate > 0:
-            return affine(hidden, *dense_matrix(self.outer, self.compute_dtype), kernels=kernels,
-                          dropout=dropout_rate_and_seed(self.dropout))
-        return self.dropout(affine(hidden, *dense_matrix(self.outer, self.compute_dtype), kernels=kernels),
-                            training=training)
+        outer_dropout = dropout_rate_and_seed(self.dropout) if fused and self.dropout_rate > 0 else None
+        y = affine(hidden, *dense_matrix(self.outer, self.compute_dtype), kernels=kernels, dropout=outer_dropout)
+        return y if outer_dropout is not None else self.dropout(y, training=training)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "dff": self.dff, "dropout_rate": self.dropout_rate,
