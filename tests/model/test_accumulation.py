@@ -79,9 +79,10 @@ def test_two_micro_batches_give_the_update_of_the_whole_batch(tie):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-12)
     # and so do the weights, except where the gradient is round-off: the attention key biases' is zero in
     # exact arithmetic (softmax ignores a constant per query), and Adam's first step lr·g/(|g| + ε) enlarges noise
+    # (0.2% of the step lr = 1e-3: the tutorial-width heads' merged matrices add a product's rounding)
     for weight_a, weight_b, m in zip(whole.trainable_weights, parts.trainable_weights, moments(whole_opt)[0]):
         if np.abs(m).max() > 1e-7:
-            np.testing.assert_allclose(weight_b.numpy(), weight_a.numpy(), atol=1e-6, err_msg=weight_a.path)
+            np.testing.assert_allclose(weight_b.numpy(), weight_a.numpy(), atol=2e-6, err_msg=weight_a.path)
 
 
 def test_under_xla_the_micro_batches_still_give_the_update_of_the_whole_batch():

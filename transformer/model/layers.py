@@ -128,6 +128,9 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
                 cache = write_positions(cache, value, cache_update_index)
             output, scores = self.attend_inputs(query, cache, attention_mask)
             return (output, scores, cache) if return_attention_scores else (output, cache)
+        if training and cache is None and self.merges_heads(query, value):
+            output, scores = self._attend_merged(query, value, attention_mask, return_attention_scores)
+            return (output, scores) if return_attention_scores else output
         # Training's projections return the query already scaled by 1/sqrt(key_dim); inference's do not.
         project = self._project_training if training else self._project_heads
         if cache is None and value is query:  # self-attention: one matmul for queries, keys and values
@@ -248,12 +251,20 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
         logits = tf.matmul(query_heads, key_heads, transpose_b=True)
+        dropped, scores = self._masked_softmax(logits, attention_mask, training)  # [B, N, T, S]
+        output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
+        return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
+
+    def _masked_softmax(self, logits, attention_mask, training):
+        """Mask, float32 softmax and attention dropout of `logits [B, N, T, S]` (compute dtype), the
+        mask broadcastable to `[B, T, S]` (True: attend). Returns (dropped scores in the compute
+        dtype (float32 without the fused kernels), scores float32). With the fused kernels (a
+        training call): `FusedAttentionSoftmax`, one op each way."""
         kernels = active_kernels() if training else None
         if kernels is not None and attention_mask is not None and logits.dtype in (tf.float32, tf.bfloat16, tf.float16):
             dropped, scores = self._fused_softmax(kernels, logits, attention_mask)
-            output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
-            return tf.transpose(output, [0, 2, 1, 3]), tf.cast(scores, tf.float32)  # [B, T, N, H]
-        logits = tf.cast(logits, tf.float32)  # [B, N, T, S]
+            return dropped, tf.cast(scores, tf.float32)
+        logits = tf.cast(logits, tf.float32)
         if attention_mask is not None:
             # An additive bias (0 or NEG_INF), built on the head-less mask: masked weights are
             # still exactly 0, and its gradient is the identity, where tf.where's backward
@@ -267,8 +278,74 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         use_dropout = training and self._dropout > 0
         dropped = (fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator,
                                 getattr(self._dropout_layer, "dropout_switch", None)) if use_dropout else scores)
-        output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
-        return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
+        return dropped, scores
+
+    def merges_heads(self, query, value) -> bool:
+        """Whether training attends with merged head matrices (`_attend_merged`): heads at least as
+        wide as the inputs (the tutorial's key_dim = d_model), where merging saves work."""
+        width = query.shape[-1]
+        return (width is not None and value.shape[-1] == width and self._key_dim >= width
+                and self._value_dim >= width)
+
+    def _attend_merged(self, query, value, attention_mask, return_scores=False):
+        """Training's attention with each head's query·key and value·output matrices merged.
+
+        query `[B, T, d]`, value `[B, S, d]` (also the key). Exact rewrite of the per-head form
+        (as `attend_inputs` for decoding), for heads at least d wide (`merges_heads`):
+        - logits: q_n·k_n = (x_t Wq_n + bq_n)·(Wk_n x_s + bk_n) = x_t·(Wq_n Wk_nᵀ)·x_s + bq_n Wk_nᵀ·x_s
+          + terms equal for every key, which the softmax drops. So `folded = x_t · QK + bias`
+          (`QK = [Wq_n Wk_nᵀ]_n`, `[d, N·d]`) and the logits of batch row b are ONE product
+          `folded_b [T·N, d] · value_bᵀ [d, S]`.
+        - output: Σ_n (Σ_s a_s (x_s Wv_n + bv_n)) Wo_n = Σ_n (Σ_s a_s x_s)·(Wv_n Wo_n) + r_n·bv_n Wo_n,
+          r_n = Σ_s a_s (1 without dropout): `context_b = a_b [T·N, S] · value_b [S, d]`, then one
+          product with `VO [N·d, d]`.
+        So a self-attention step makes two `[B·T, d] × [d, N·d]`-sized products where the per-head
+        form makes four (queries, keys, values, output), and its attention products are one per
+        batch row (`[T·N, d] × [d, S]`) instead of one per row and head (`[T, H] × [H, S]`,
+        which oneDNN runs far below its peak), with no transposes. Same variables and
+        checkpoints; other rounding. The key bias gets its exact gradient, 0.
+
+        Returns (output `[B, T, d]`, scores `[B, N, T, S]` float32 when `return_scores`, else None).
+        """
+        dtype = self.compute_dtype
+        kernels = active_kernels()
+        heads, width = self._num_heads, query.shape[-1]
+        wq, wk, wv = (tf.cast(dense.kernel, dtype) for dense in (self._query_dense, self._key_dense, self._value_dense))
+        wo = tf.cast(self._output_dense.kernel, dtype)  # [N, H, d]
+        wq = wq * tf.cast(self._inverse_sqrt_key_dim, dtype)
+        qk = tf.reshape(tf.einsum("dnh,enh->dne", wq, wk), [width, heads * width])
+        vo = tf.reshape(tf.einsum("dnh,nhe->nde", wv, wo), [heads * width, width])
+        if self._query_dense.bias is not None:
+            bq = tf.cast(self._query_dense.bias, dtype) * tf.cast(self._inverse_sqrt_key_dim, dtype)
+            folded_bias = tf.reshape(tf.einsum("nh,enh->ne", bq, wk), [heads * width])
+        else:
+            folded_bias = tf.zeros([heads * width], dtype)
+        folded = affine(query, qk, folded_bias, kernels=kernels)  # [B, T, N·d]
+        if self._key_dense.bias is not None:
+            folded = _without_bias(folded, self._key_dense.bias)
+        shape = tf.shape(query)
+        batch, length, keys = shape[0], shape[1], tf.shape(value)[1]
+        value = tf.cast(value, dtype)
+        logits = tf.matmul(tf.reshape(folded, [batch, length * heads, width]), value, transpose_b=True)
+        # Each query position is a batch row of the softmax: [B·T, N, 1, S], mask [B·T, 1, S].
+        mask = None
+        if attention_mask is not None:
+            mask = tf.cast(attention_mask, tf.bool)
+            while mask.shape.rank < 3:
+                mask = mask[tf.newaxis]
+            mask = tf.reshape(tf.broadcast_to(mask, [batch, length, keys]), [batch * length, 1, keys])
+        dropped, scores = self._masked_softmax(tf.reshape(logits, [batch * length, heads, 1, keys]), mask, training=True)
+        dropped = tf.reshape(tf.cast(dropped, dtype), [batch, length * heads, keys])
+        context = tf.matmul(dropped, value)  # [B, T·N, d]
+        bo = self._output_dense.bias if self._output_dense.bias is not None else tf.zeros([width])
+        output = affine(tf.reshape(context, [batch, length, heads * width]), vo, tf.cast(bo, dtype), kernels=kernels)
+        if self._value_dense.bias is not None:
+            weights = tf.reduce_sum(tf.cast(tf.reshape(dropped, [batch * length, heads, keys]), tf.float32), axis=-1)
+            bvo = tf.einsum("nh,nhe->ne", tf.cast(self._value_dense.bias, dtype), wo)  # [N, d]
+            output += tf.reshape(tf.matmul(tf.cast(weights, dtype), bvo), [batch, length, width])
+        if not return_scores:
+            return output, None
+        return output, tf.transpose(tf.reshape(scores, [batch, length, heads, keys]), [0, 2, 1, 3])
 
     def _fused_softmax(self, kernels, logits, attention_mask):
         """Training's mask + softmax + attention dropout by the fused kernels (one op each way).
