@@ -230,9 +230,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         folded = tf.einsum("btnh,dnh->btnd", query_heads, tf.cast(self._key_dense.kernel, dtype))  # [B, T, N, dim]
         logits = tf.cast(tf.einsum("btnd,bsd->bnts", folded, tf.cast(inputs, dtype)), tf.float32)
         if attention_mask is not None:
-            mask = tf.cast(attention_mask, tf.bool)
-            while mask.shape.rank < 3:
-                mask = mask[tf.newaxis]
+            mask = rank3_mask(attention_mask)
             logits = tf.where(mask[:, tf.newaxis], logits, NEG_INF)
         scores = tf.nn.softmax(logits, axis=-1)  # [B, N, T, S]
         context = tf.einsum("bnts,bsd->btnd", tf.cast(scores, dtype), tf.cast(inputs, dtype))  # [B, T, N, dim]
@@ -269,9 +267,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
             # An additive bias (0 or NEG_INF), built on the head-less mask: masked weights are
             # still exactly 0, and its gradient is the identity, where tf.where's backward
             # costs two selects over [B, N, T, S].
-            mask = tf.cast(attention_mask, tf.bool)
-            while mask.shape.rank < 3:
-                mask = mask[tf.newaxis]
+            mask = rank3_mask(attention_mask)
             logits += tf.where(mask, 0.0, NEG_INF)[:, tf.newaxis]
         scores = tf.nn.softmax(logits, axis=-1)
         # Keras' Dropout creates its seed generator only for a rate > 0.
@@ -330,9 +326,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         # Each query position is a batch row of the softmax: [B·T, N, 1, S], mask [B·T, 1, S].
         mask = None
         if attention_mask is not None:
-            mask = tf.cast(attention_mask, tf.bool)
-            while mask.shape.rank < 3:
-                mask = mask[tf.newaxis]
+            mask = rank3_mask(attention_mask)
             mask = tf.reshape(tf.broadcast_to(mask, [batch, length, keys]), [batch * length, 1, keys])
         dropped, scores = self._masked_softmax(tf.reshape(logits, [batch * length, heads, 1, keys]), mask, training=True)
         dropped = tf.reshape(tf.cast(dropped, dtype), [batch, length * heads, keys])
@@ -357,9 +351,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         from it (a hash of each element's position, not Philox).
         """
         shape = tf.shape(logits)
-        mask = tf.cast(attention_mask, tf.bool)
-        while mask.shape.rank < 3:
-            mask = mask[tf.newaxis]
+        mask = rank3_mask(attention_mask)
         mask = tf.broadcast_to(mask, [shape[0], shape[2], shape[3]])
         if self._dropout > 0:
             rate, seed = dropout_rate_and_seed(self._dropout_layer)
@@ -388,6 +380,15 @@ def masked_softmax_dropout(kernels, logits, mask, rate, seed):
 
     with tf.name_scope("softmax"):
         return _softmax(logits)
+
+
+def rank3_mask(attention_mask) -> tf.Tensor:
+    """A boolean attention mask with leading axes added up to rank 3 (`[S]` or `[T, S]` →
+    `[1, 1, S]` / `[1, T, S]`), broadcastable to `[B, T, S]`."""
+    mask = tf.cast(attention_mask, tf.bool)
+    while mask.shape.rank < 3:
+        mask = mask[tf.newaxis]
+    return mask
 
 
 @tf.custom_gradient
