@@ -120,12 +120,14 @@ def test_masked_softmax_kernel_without_dropout_matches_tensorflow(kernels, dtype
     upstream = tf.cast(np.random.default_rng(1).normal(size=logits.shape), dtype)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(logits)
-        dropped, scores = masked_softmax_dropout(kernels, logits, mask, tf.constant(0.0), tf.constant([1, 2]))
+        dropped, scores, sums = masked_softmax_dropout(kernels, logits, mask, tf.constant(0.0), tf.constant([1, 2]))
         want = _reference_softmax(logits, mask)
     tolerance = 1e-6 if dtype == tf.float32 else 4e-3
     np.testing.assert_allclose(_as_float(dropped), want.numpy(), atol=tolerance)
     np.testing.assert_allclose(_as_float(scores), want.numpy(), atol=tolerance)
     np.testing.assert_allclose(_as_float(dropped[0, :, 1]), 1 / 37, atol=tolerance)  # the fully masked row
+    assert sums.dtype == tf.float32 and sums.shape == logits.shape[:3]
+    np.testing.assert_allclose(sums.numpy(), _as_float(dropped).sum(axis=-1), rtol=1e-6)  # of the stored weights
     got_grad = tape.gradient(dropped, logits, output_gradients=upstream)
     want_grad = tape.gradient(want, logits, output_gradients=tf.cast(upstream, tf.float32))
     np.testing.assert_allclose(_as_float(got_grad), want_grad.numpy(), atol=1e-6 if dtype == tf.float32 else 2e-2)
@@ -136,7 +138,7 @@ def test_dropout_kernel_drops_at_its_rate_and_its_gradient_follows_the_same_mask
     rate, seed = tf.constant(0.25), tf.constant([7, 11])
     with tf.GradientTape() as tape:
         tape.watch(logits)
-        dropped, scores = masked_softmax_dropout(kernels, logits, mask, rate, seed)
+        dropped, scores, _ = masked_softmax_dropout(kernels, logits, mask, rate, seed)
     upstream = tf.constant(np.random.default_rng(2).normal(size=logits.shape), tf.float32)
     grad = tape.gradient(dropped, logits, output_gradients=upstream)
     probs = _reference_softmax(logits, mask)
@@ -150,12 +152,50 @@ def test_dropout_kernel_drops_at_its_rate_and_its_gradient_follows_the_same_mask
         want = _reference_softmax(logits, mask) * tf.constant(kept / 0.75, tf.float32)
     np.testing.assert_allclose(grad.numpy(), tape.gradient(want, logits, output_gradients=upstream).numpy(), atol=1e-6)
 
-    again, _ = masked_softmax_dropout(kernels, logits, mask, rate, seed)
-    other, _ = masked_softmax_dropout(kernels, logits, mask, rate, tf.constant([7, 12]))
+    again, _, _ = masked_softmax_dropout(kernels, logits, mask, rate, seed)
+    other, _, _ = masked_softmax_dropout(kernels, logits, mask, rate, tf.constant([7, 12]))
     np.testing.assert_array_equal(again.numpy(), dropped.numpy())  # a seed decides the mask
     assert ((other.numpy() == 0) != (dropped.numpy() == 0)).mean() > 0.2  # another seed, another mask
-    everything, _ = masked_softmax_dropout(kernels, logits, mask, tf.constant(1.0), seed)
+    everything, _, _ = masked_softmax_dropout(kernels, logits, mask, tf.constant(1.0), seed)
     assert not everything.numpy().any()
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_dropout_kernel_row_sums_and_their_gradient(kernels, dtype):
+    """The third output is each row's sum of the dropped weights as stored (below 1 under dropout),
+    and a loss reading both the weights and their sums gets the gradient autodiff gives the same
+    dropped softmax."""
+    logits, mask = _attention_inputs(dtype, shape=(2, 3, 16, 24))
+    rate, seed = tf.constant(0.3), tf.constant([5, 9])
+    rng = np.random.default_rng(3)
+    upstream = tf.constant(rng.normal(size=logits.shape), tf.float32)
+    sums_upstream = tf.constant(rng.normal(size=logits.shape[:3]), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        dropped, _, sums = masked_softmax_dropout(kernels, logits, mask, rate, seed)
+        loss = tf.reduce_sum(tf.cast(dropped, tf.float32) * upstream) + tf.reduce_sum(sums * sums_upstream)
+    grad = tape.gradient(loss, logits)
+    stored = _as_float(dropped)
+    np.testing.assert_allclose(sums.numpy(), stored.sum(axis=-1), rtol=1e-5, atol=1e-6)
+    attending = np.broadcast_to(mask.numpy().any(axis=-1)[:, None], sums.shape)
+    assert (sums.numpy()[attending] < 0.999).mean() > 0.3  # dropout moves rows' sums off 1
+    kept = tf.constant((stored != 0) / 0.7, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        want = _reference_softmax(logits, mask) * kept
+        want_loss = tf.reduce_sum(want * upstream) + tf.reduce_sum(tf.reduce_sum(want, -1) * sums_upstream)
+    want_grad = tape.gradient(want_loss, logits)
+    atol = 1e-5 if dtype == tf.float32 else 5e-2
+    np.testing.assert_allclose(_as_float(grad), _as_float(want_grad), atol=atol)
+    without_sums = tf.GradientTape()  # the sums unused: the gradient of the weights alone
+    with without_sums:
+        without_sums.watch(logits)
+        alone, _, _ = masked_softmax_dropout(kernels, logits, mask, rate, seed)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        want = tf.reduce_sum(_reference_softmax(logits, mask) * kept * upstream)
+    np.testing.assert_allclose(_as_float(without_sums.gradient(alone, logits, output_gradients=tf.cast(upstream, dtype))),
+                               _as_float(tape.gradient(want, logits)), atol=atol)
 
 
 def _op_types(function, *args) -> set:

@@ -111,3 +111,19 @@ def test_bfloat16_merged_attention_runs_the_fused_kernels_without_transposes(ker
     np.testing.assert_allclose(_float(merged[0]), _float(per_head[0]), atol=0.03 * scale, rtol=0)
     for got, want in zip(merged[2], per_head[2]):  # bfloat16 products in another order
         np.testing.assert_allclose(_float(got), _float(want), atol=0.05 * max(1.0, np.abs(_float(want)).max()), rtol=0)
+
+
+def test_merged_attention_takes_the_value_bias_share_from_the_kernel(kernels):
+    """With the fused kernels the value bias's share r comes from `FusedAttentionSoftmax`'s row sums
+    (no reduction of the weights in the graph): every weight dropped leaves the output bias alone,
+    as in the per-head form, where r = 1 would add Σ bv_n Wo_n."""
+    layer = built_attention(dropout=1.0)
+    x = tf.random.stateless_normal([BATCH, LENGTH, DIM], seed=(1, 0))
+    mask = tf.linalg.band_part(tf.ones([LENGTH, LENGTH], tf.bool), -1, 0)[tf.newaxis]
+    per_head, merged = (attend(layer, flag, x, x, mask) for flag in (False, True))
+    bias = np.broadcast_to(layer._output_dense.bias.numpy(), per_head[0].shape)
+    np.testing.assert_allclose(per_head[0].numpy(), bias, atol=1e-6)
+    np.testing.assert_allclose(merged[0].numpy(), bias, atol=1e-6)
+    layer.merges_heads = lambda query, value: True
+    graph = tf.function(lambda x: layer(x, x, attention_mask=mask, training=True)).get_concrete_function(x).graph
+    assert "Sum" not in {op.type for op in graph.get_operations()}

@@ -249,19 +249,22 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
         logits = tf.matmul(query_heads, key_heads, transpose_b=True)
-        dropped, scores = self._masked_softmax(logits, attention_mask, training)  # [B, N, T, S]
+        dropped, scores, _ = self._masked_softmax(logits, attention_mask, training)  # [B, N, T, S]
         output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 
-    def _masked_softmax(self, logits, attention_mask, training):
+    def _masked_softmax(self, logits, attention_mask, training, row_sums=False):
         """Mask, float32 softmax and attention dropout of `logits [B, N, T, S]` (compute dtype), the
         mask broadcastable to `[B, T, S]` (True: attend). Returns (dropped scores in the compute
-        dtype (float32 without the fused kernels), scores float32). With the fused kernels (a
-        training call): `FusedAttentionSoftmax`, one op each way."""
+        dtype (float32 without the fused kernels), scores float32, and with `row_sums` each row's
+        sum of the dropped scores as the compute dtype rounds them, float32 `[B, N, T]`, else None).
+        With the fused kernels (a training call): `FusedAttentionSoftmax`, one op each way, the
+        sums included."""
         kernels = active_kernels() if training else None
         if kernels is not None and attention_mask is not None and logits.dtype in (tf.float32, tf.bfloat16, tf.float16):
-            dropped, scores = self._fused_softmax(kernels, logits, attention_mask)
-            return dropped, tf.cast(scores, tf.float32)
+            dropped, scores, sums = self._fused_softmax(kernels, logits, attention_mask)
+            return dropped, tf.cast(scores, tf.float32), sums if row_sums else None
+        compute_dtype = logits.dtype
         logits = tf.cast(logits, tf.float32)
         if attention_mask is not None:
             # An additive bias (0 or NEG_INF), built on the head-less mask: masked weights are
@@ -274,7 +277,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         use_dropout = training and self._dropout > 0
         dropped = (fast_dropout(scores, self._dropout, self._dropout_layer.seed_generator,
                                 getattr(self._dropout_layer, "dropout_switch", None)) if use_dropout else scores)
-        return dropped, scores
+        sums = tf.reduce_sum(tf.cast(tf.cast(dropped, compute_dtype), tf.float32), axis=-1) if row_sums else None
+        return dropped, scores, sums
 
     def merges_heads(self, query, value) -> bool:
         """Whether training attends with merged head matrices (`_attend_merged`): heads at least as
@@ -328,15 +332,17 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         if attention_mask is not None:
             mask = rank3_mask(attention_mask)
             mask = tf.reshape(tf.broadcast_to(mask, [batch, length, keys]), [batch * length, 1, keys])
-        dropped, scores = self._masked_softmax(tf.reshape(logits, [batch * length, heads, 1, keys]), mask, training=True)
+        with_value_bias = self._value_dense.bias is not None
+        dropped, scores, weights = self._masked_softmax(tf.reshape(logits, [batch * length, heads, 1, keys]), mask,
+                                                        training=True, row_sums=with_value_bias)
         dropped = tf.reshape(tf.cast(dropped, dtype), [batch, length * heads, keys])
         context = tf.matmul(dropped, value)  # [B, T·N, d]
         bo = self._output_dense.bias if self._output_dense.bias is not None else tf.zeros([width])
         output = affine(tf.reshape(context, [batch, length, heads * width]), vo, tf.cast(bo, dtype), kernels=kernels)
-        if self._value_dense.bias is not None:
-            weights = tf.reduce_sum(tf.cast(tf.reshape(dropped, [batch * length, heads, keys]), tf.float32), axis=-1)
+        if with_value_bias:  # r·bv_n Wo_n, r: the sums of the dropped weights, [B·T, N] (the kernel's third output)
             bvo = tf.einsum("nh,nhe->ne", tf.cast(self._value_dense.bias, dtype), wo)  # [N, d]
-            output += tf.reshape(tf.matmul(tf.cast(weights, dtype), bvo), [batch, length, width])
+            output += tf.reshape(tf.matmul(tf.cast(tf.reshape(weights, [batch * length, heads]), dtype), bvo),
+                                 [batch, length, width])
         if not return_scores:
             return output, None
         return output, tf.transpose(tf.reshape(scores, [batch, length, heads, keys]), [0, 2, 1, 3])
@@ -345,7 +351,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         """Training's mask + softmax + attention dropout by the fused kernels (one op each way).
 
         logits: `[B, N, T, S]` in the compute dtype; attention_mask: bool, broadcastable to
-        `[B, T, S]`. Returns (dropped scores, scores) in logits' dtype. The dropout rate is a
+        `[B, T, S]`. Returns (dropped scores, scores) in logits' dtype and the rows' sums of the
+        dropped scores, float32 `[B, N, T]`. The dropout rate is a
         tensor (0 while a late-dropout switch is off: no random numbers) and the seed comes from
         the Keras dropout's seed generator, as `fast_dropout`'s; the random stream differs
         from it (a hash of each element's position, not Philox).
@@ -361,22 +368,26 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
 
 
 def masked_softmax_dropout(kernels, logits, mask, rate, seed):
-    """`FusedAttentionSoftmax` with its gradient: (dropout(softmax(logits + mask bias)), softmax(…)).
+    """`FusedAttentionSoftmax` with its gradient: (dropout(softmax(logits + mask bias)), softmax(…),
+    each row's sum of the dropped weights).
 
     logits: `[B, N, T, S]` float32/bfloat16/float16; mask: bool `[B, T, S]` (False: NEG_INF
-    added); rate: float32 scalar; seed: int32 `[2]`. Both results in logits' dtype; only the
-    first carries a gradient (the second is for attention plots).
+    added); rate: float32 scalar; seed: int32 `[2]`. The first two in logits' dtype, the sums
+    float32 `[B, N, T]` (of the weights as rounded to that dtype; 1 without dropout). The dropped
+    weights and their sums carry gradients; the scores (for attention plots) do not.
     """
 
     @tf.custom_gradient
     def _softmax(logits):
-        dropped, scores = kernels.fused_attention_softmax(logits, mask, rate, seed, mask_value=NEG_INF)
+        dropped, scores, sums = kernels.fused_attention_softmax(logits, mask, rate, seed, mask_value=NEG_INF)
 
-        def grad(d_dropped, d_scores=None):
+        def grad(d_dropped, d_scores=None, d_sums=None):
             with tf.name_scope("softmax_grad"):
-                return kernels.fused_attention_softmax_grad(d_dropped, scores, rate, seed)
+                if d_sums is None:
+                    d_sums = tf.zeros([0], tf.float32)
+                return kernels.fused_attention_softmax_grad(d_dropped, scores, rate, seed, d_sums)
 
-        return (dropped, tf.stop_gradient(scores)), grad
+        return (dropped, tf.stop_gradient(scores), sums), grad
 
     with tf.name_scope("softmax"):
         return _softmax(logits)

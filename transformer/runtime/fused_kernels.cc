@@ -5,7 +5,8 @@
 //   FusedAttentionSoftmax / FusedAttentionSoftmaxGrad: attention logits [B, N, T, S] + a boolean mask
 //     [B, T, S] (false: `mask_value` added), softmax in float32, dropout, one pass each way; the
 //     dropout mask is not stored but recomputed in the gradient from the same seed (a counter-based
-//     hash of the element's position).
+//     hash of the element's position). Also each row's sum of its dropped weights (float32 [B, N, T],
+//     1 without dropout), whose gradient the backward pass adds to every element of its row.
 //   FusedCrossEntropy / FusedCrossEntropyGrad: the label-smoothed cross-entropy of logits [..., V] read
 //     in their own dtype (float32 inside), the gradient's softmax recomputed from the logits.
 //   FusedBiasRelu / FusedBiasReluGrad: a matrix product's bias, ReLU and dropout in one pass each way,
@@ -298,16 +299,20 @@ Status GetDropout(OpKernelContext* ctx, int rate_input, int seed_input, DropoutP
 
 REGISTER_OP("FusedAttentionSoftmax")
     .Input("logits: T").Input("mask: bool").Input("rate: float").Input("seed: int32")
-    .Output("dropped: T").Output("probs: T")
+    .Output("dropped: T").Output("probs: T").Output("sums: float")
     .Attr("T: {float, bfloat16, half}").Attr("mask_value: float")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(0));
       c->set_output(1, c->input(0));
+      shape_inference::ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->Subshape(c->input(0), 0, -1, &rows));
+      c->set_output(2, rows);
       return OkStatus();
     });
 
+// d_sums: the gradient of `sums`, [B, N, T], or an empty tensor where `sums` was not used.
 REGISTER_OP("FusedAttentionSoftmaxGrad")
-    .Input("d_dropped: T").Input("probs: T").Input("rate: float").Input("seed: int32")
+    .Input("d_dropped: T").Input("probs: T").Input("rate: float").Input("seed: int32").Input("d_sums: float")
     .Output("d_logits: T")
     .Attr("T: {float, bfloat16, half}")
     .SetShapeFn(shape_inference::UnchangedShape);
@@ -328,13 +333,15 @@ class FusedAttentionSoftmaxOp : public OpKernel {
                                         mask.shape().DebugString()));
     DropoutParams dp;
     OP_REQUIRES_OK(ctx, GetDropout(ctx, 2, 3, &dp));
-    Tensor *dropped, *probs;
+    Tensor *dropped, *probs, *sums;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, logits.shape(), &dropped));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, logits.shape(), &probs));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({B, N, T_}), &sums));
     const T* lp = logits.flat<T>().data();
     const bool* mp = mask.flat<bool>().data();
     T* yp = dropped->flat<T>().data();
     T* pp = probs->flat<T>().data();
+    float* sp = sums->flat<float>().data();
     const float neg = mask_value_;
     auto work = [=](int64_t begin, int64_t end) {
       std::vector<float> row(S);
@@ -367,6 +374,12 @@ class FusedAttentionSoftmaxOp : public OpKernel {
             yr[j] = from_float<T>(keep ? p * scale : 0.f);
           }
         }
+        // The row's sum of the weights as stored (rounded to T), as a product with `dropped` reads
+        // them; a second loop over the row just written (in L1), which vectorises where one loop did not.
+        float kept_sum = 0.f;
+#pragma omp simd reduction(+ : kept_sum)
+        for (int64_t j = 0; j < S; ++j) kept_sum += to_float(yr[j]);
+        sp[r] = kept_sum;
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
@@ -383,32 +396,39 @@ class FusedAttentionSoftmaxGradOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& dy = ctx->input(0);
     const Tensor& probs = ctx->input(1);
+    const Tensor& d_sums = ctx->input(4);
     OP_REQUIRES(ctx, dy.shape() == probs.shape() && dy.dims() == 4,
                 errors::InvalidArgument("d_dropped and probs must both be [B, N, T, S]"));
+    const int64_t S = dy.dim_size(3);
+    const int64_t rows = S > 0 ? dy.NumElements() / S : 0;
+    const bool with_sums = d_sums.NumElements() > 0;
+    OP_REQUIRES(ctx, !with_sums || d_sums.NumElements() == rows,
+                errors::InvalidArgument("d_sums must be empty or [B, N, T], got ", d_sums.shape().DebugString()));
     DropoutParams dp;
     OP_REQUIRES_OK(ctx, GetDropout(ctx, 2, 3, &dp));
     Tensor* dl;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, dy.shape(), &dl));
-    const int64_t S = dy.dim_size(3);
-    const int64_t rows = S > 0 ? dy.NumElements() / S : 0;
     const T* dyp = dy.flat<T>().data();
     const T* pp = probs.flat<T>().data();
+    const float* dsp = with_sums ? d_sums.flat<float>().data() : nullptr;
     T* dlp = dl->flat<T>().data();
     auto work = [&](int64_t begin, int64_t end) {
       std::vector<float> g(S);
       for (int64_t r = begin; r < end; ++r) {
         const T* dr = dyp + r * S;
         const T* pr = pp + r * S;
+        const float row_grad = with_sums ? dsp[r] : 0.f;  // d sums / d dropped = 1 for every element
         if (dp.threshold == 0) {
 #pragma omp simd
-          for (int64_t j = 0; j < S; ++j) g[j] = to_float(dr[j]);
+          for (int64_t j = 0; j < S; ++j) g[j] = to_float(dr[j]) + row_grad;
         } else {
           const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
           const bool all = dp.threshold > 0xFFFFFFFFull;
           const float scale = dp.scale;
 #pragma omp simd
           for (int64_t j = 0; j < S; ++j)
-            g[j] = (!all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr) ? to_float(dr[j]) * scale : 0.f;
+            g[j] = (!all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr)
+                       ? (to_float(dr[j]) + row_grad) * scale : 0.f;
         }
         float s = 0.f;
 #pragma omp simd reduction(+ : s)
