@@ -321,23 +321,30 @@ def test_bias_kernel_dropout_and_its_gradient_share_one_mask(kernels, relu):
         kernels.fused_bias_relu_grad(upstream, y[:5], rate, seed, relu=relu)
 
 
-def test_bfloat16_affine_with_the_kernels_matches_the_fused_product(kernels):
-    """`affine(..., kernels=)` on bfloat16 rows (a plain product, then FusedBiasRelu): values and all
-    three gradients within bfloat16 rounding of the remapper's fused product; float32 rows ignore
-    the kernels."""
+@pytest.mark.parametrize("relu,d_in,d_out", [(True, 24, 40), (False, 24, 40), (False, 40, 24)])
+def test_bfloat16_affine_with_the_kernels_matches_the_fused_product(kernels, relu, d_in, d_out):
+    """`affine(..., kernels=)` on bfloat16 rows: values and all three gradients within bfloat16
+    rounding of the remapper's fused product; a product with ReLU, or narrower than its input, adds
+    its bias with FusedBiasRelu, one at least as wide without ReLU is one matmul with the bias as the
+    kernel's last row; float32 rows ignore the kernels."""
     rng = np.random.default_rng(6)
-    x = tf.cast(rng.normal(size=(2, 9, 24)), tf.bfloat16)
-    kernel, bias = tf.cast(rng.normal(0, 0.3, (24, 40)), tf.bfloat16), tf.cast(rng.normal(size=40), tf.bfloat16)
-    upstream = tf.cast(rng.normal(size=(2, 9, 40)), tf.bfloat16)
+    x = tf.cast(rng.normal(size=(2, 9, d_in)), tf.bfloat16)
+    kernel = tf.cast(rng.normal(0, 0.3, (d_in, d_out)), tf.bfloat16)
+    bias = tf.cast(rng.normal(size=d_out), tf.bfloat16)
+    upstream = tf.cast(rng.normal(size=(2, 9, d_out)), tf.bfloat16)
 
     def run(ops):
         with tf.GradientTape() as tape:
             tape.watch([x, kernel, bias])
-            y = affine(x, kernel, bias, relu=True, kernels=ops)
+            y = affine(x, kernel, bias, relu=relu, kernels=ops)
         return [y, *tape.gradient(y, [x, kernel, bias], output_gradients=upstream)]
 
-    graph = tf.function(lambda x: affine(x, kernel, bias, kernels=kernels)).get_concrete_function(x).graph
-    assert "FusedBiasRelu" in {op.type for op in graph.get_operations()}
+    graph = tf.function(lambda x: run(kernels)).get_concrete_function(x).graph
+    types = [op.type for op in graph.get_operations()]
+    bias_row = not relu and d_out >= d_in
+    assert ("FusedBiasRelu" in types) != bias_row and ("FusedBiasReluGrad" in types) != bias_row
+    if bias_row:
+        assert types.count("MatMul") + types.count("BatchMatMulV2") == 3  # forward, d_x, d_kernel (its last row: d_bias)
     f32 = tf.function(lambda x: affine(x, tf.cast(kernel, tf.float32), tf.cast(bias, tf.float32), kernels=kernels))
     assert "FusedBiasRelu" not in {op.type for op in f32.get_concrete_function(tf.cast(x, tf.float32)).graph.get_operations()}
     for a, b in zip(run(kernels), run(None)):

@@ -83,9 +83,30 @@ def uses_kernels(dtype: tf.DType, kernels) -> bool:
     return kernels is not None and dtype == tf.bfloat16
 
 
+def with_ones_column(x: tf.Tensor) -> tf.Tensor:
+    """`x [..., d]` → `[..., d + 1]`, a last column of ones: the input of a product whose kernel has
+    the bias as its last row (`bias_row`)."""
+    return tf.concat([x, tf.ones(tf.concat([tf.shape(x)[:-1], [1]], axis=0), x.dtype)], axis=-1)
+
+
+def bias_row(kernel: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    """`kernel [d_in, *out]` with `bias [*out]` appended as row d_in: `[d_in + 1, *out]`."""
+    return tf.concat([kernel, tf.cast(bias, kernel.dtype)[tf.newaxis]], axis=0)
+
+
 def _affine_rows(rows: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, relu: bool, kernels=None,
                  dropout: Optional[tuple] = None) -> tf.Tensor:
-    """`affine` on `rows [N, d_in]` → `[N, d_out]`, with its closed-form gradient."""
+    """`affine` on `rows [N, d_in]` → `[N, d_out]`, with its closed-form gradient.
+
+    With the fused kernels, a product at least as wide as its input without ReLU or dropout is ONE
+    matmul, `[rows, 1] · [kernel; bias]`: the product adds the bias inside its float32 accumulation
+    (one rounding where a separate add makes two) and its kernel gradient's last row is the bias
+    gradient, summed in float32 and rounded once. No pass over the `[N, d_out]` result either way:
+    on `[8192, 128] → 1024` bfloat16, forward + backward 5.4 ms against 10.5 with `FusedBiasRelu`
+    (AMX Xeon, docs/speed.md); where the input is the wider, copying it with the column costs more.
+    """
+    if kernels is not None and not relu and dropout is None and kernel.shape[1] >= kernel.shape[0]:
+        return tf.matmul(with_ones_column(rows), bias_row(kernel, bias))
     if kernels is not None:
         rate, seed = dropout if dropout is not None else no_dropout()
 
