@@ -12,7 +12,7 @@ from transformer.model.dropout import DropoutSwitch, attach_dropout_switch, no_d
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
 from transformer.model.layers import NEG_INF, FeedForward, masked_softmax_dropout
 from transformer.model.logits import project
-from transformer.model.losses import MaskedSparseCrossEntropy, fused_cross_entropy, smoothed_cross_entropy
+from transformer.model.losses import MaskedAccuracy, MaskedSparseCrossEntropy, fused_cross_entropy, smoothed_cross_entropy
 from transformer.runtime.fused_kernels import KernelsUnavailable, disable_fused_kernels, enable_fused_kernels
 
 FUSED_OPS = {"FusedLayerNorm", "FusedLayerNormGrad", "FusedAttentionSoftmax", "FusedAttentionSoftmaxGrad"}
@@ -84,6 +84,34 @@ def test_cross_entropy_kernel_matches_the_closed_form(kernels, dtype, smoothing)
     np.testing.assert_allclose(_as_float(got_grad), _as_float(want_grad), rtol=tolerance, atol=tolerance)
     with pytest.raises(tf.errors.InvalidArgumentError, match="out of"):
         kernels.fused_cross_entropy(logits, labels + 37, smoothing=0.0)
+
+
+def test_accuracy_takes_the_row_maxima_of_the_fused_loss(kernels):
+    """In one graph (Keras' training step: the loss, then the metrics) `MaskedAccuracy` compares each
+    label's logit with the maximum `FusedCrossEntropy` found in its pass, with no second pass (no
+    Max op), and counts what argmax would (a tie at the maximum as a hit; padding not at all)."""
+    rng = np.random.default_rng(5)
+    y_true = tf.constant([[5, 9, 2, 0], [7, 1, 3, 0]], tf.int32)
+    logits = rng.normal(0.0, 3.0, (2, 4, 11)).astype(np.float32)
+    logits[0, 0, 5] = logits[0, 0].max() + 1.0  # hits
+    logits[1, 0, 7] = logits[1, 0].max() + 1.0
+    logits[1, 2, 3] = logits[1, 2, 8] = logits[1, 2].max() + 1.0  # a tie at the maximum
+    logits[0, 1, 9] = logits[0, 1].min() - 1.0  # misses
+    logits[0, 2, 2] = logits[0, 2].min() - 1.0
+    logits[1, 1, 1] = logits[1, 1].min() - 1.0
+    y_pred = tf.constant(logits)
+    loss, metric = MaskedSparseCrossEntropy(0.1), MaskedAccuracy()
+
+    @tf.function
+    def step(y, z):
+        value = loss(y, z)
+        metric.update_state(y, z)
+        return value
+
+    types = {op.type for op in step.get_concrete_function(y_true, y_pred).graph.get_operations()}
+    assert "FusedCrossEntropy" in types and "Max" not in types
+    step(y_true, y_pred)
+    assert metric.result().numpy() == pytest.approx(3 / 6)
 
 
 def test_masked_loss_uses_the_kernel_while_enabled(kernels):

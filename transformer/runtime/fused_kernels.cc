@@ -455,16 +455,17 @@ REGISTER_SOFTMAX(Eigen::half)
 // ---- label-smoothed cross-entropy over the last axis of logits [..., V], from the logits' own dtype
 //
 //   FusedCrossEntropy: per row, loss = logsumexp(z) − (1 − s)·z[label] − (s/V)·Σz (float32 inside),
-//     and logsumexp(z) kept for the gradient.
+//     logsumexp(z) kept for the gradient, and max z (for the accuracy: no second pass over z).
 //   FusedCrossEntropyGrad: d loss / d z = (softmax(z) − (1 − s)·one_hot(label) − s/V)·upstream, in the
 //     logits' dtype, the softmax recomputed from z and logsumexp (no [rows, V] float32 tensor either way).
 REGISTER_OP("FusedCrossEntropy")
     .Input("logits: T").Input("labels: int32")
-    .Output("loss: float").Output("log_normalizer: float")
+    .Output("loss: float").Output("log_normalizer: float").Output("row_max: float")
     .Attr("T: {float, bfloat16, half}").Attr("smoothing: float")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(1));
       c->set_output(1, c->input(1));
+      c->set_output(2, c->input(1));
       return OkStatus();
     });
 
@@ -501,13 +502,15 @@ class FusedCrossEntropyOp : public OpKernel {
     const Tensor& labels = ctx->input(1);
     int64_t rows, V;
     OP_REQUIRES_OK(ctx, CrossEntropyShapes(logits, labels, &rows, &V));
-    Tensor *loss, *lse;
+    Tensor *loss, *lse, *maxima;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, labels.shape(), &loss));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, labels.shape(), &lse));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, labels.shape(), &maxima));
     const T* zp = logits.flat<T>().data();
     const int32* lab = labels.flat<int32>().data();
     float* lp = loss->flat<float>().data();
     float* np_ = lse->flat<float>().data();
+    float* mp = maxima->flat<float>().data();
     const float s = smoothing_;
     auto work = [&](int64_t begin, int64_t end) {
       std::vector<float> row(V);
@@ -523,6 +526,7 @@ class FusedCrossEntropyOp : public OpKernel {
         for (int64_t j = 0; j < V; ++j) sum += fast_exp(v[j] - mx);
         const float normalizer = mx + std::log(sum);
         np_[r] = normalizer;
+        mp[r] = mx;
         lp[r] = normalizer - (1.f - s) * v[lab[r]] - (s / V) * total;
       }
     };
