@@ -125,3 +125,67 @@ def test_training_batches_choose_the_planned_or_the_streamed_form(bible_tokenize
     assert isinstance(stream, tf.data.Dataset)
     first = [(list(s), list(t)) for s, t in stream.take(5).as_numpy_iterator()]
     assert first == list(zip(ids.src[:5].to_list(), ids.tgt[:5].to_list()))  # the same ids, in corpus order
+
+
+def test_grouped_batches_hold_the_same_pairs_in_the_same_slots_grouped_by_the_key():
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 17, size=600).astype(np.int32)
+    keys = rng.integers(0, 40, size=600).astype(np.int32)
+    plain = [t.numpy() for t in bucket_batches(tf.constant(lengths), GRID, ROWS)]
+    grouped = [t.numpy() for t in bucket_batches(tf.constant(lengths), GRID, ROWS, group_by=tf.constant(keys))]
+    assert (plain[1] == grouped[1]).all() and (plain[2] == grouped[2]).all()  # same batch sizes, same slots
+    for length, count in zip(GRID, ROWS):
+        rows_of = [rows[:count] for rows, padded in zip(grouped[0], grouped[2]) if padded == length]
+        same_length = [rows[:count] for rows, padded in zip(plain[0], plain[2]) if padded == length]
+        assert sorted(np.concatenate(rows_of).tolist()) == sorted(np.concatenate(same_length).tolist())
+        by_key = sorted(rows_of, key=lambda rows: (keys[rows].min(), keys[rows].max()))
+        for earlier, later in zip(by_key, by_key[1:]):
+            assert keys[earlier].max() <= keys[later].min()  # each batch a run of the key's order
+    slots = [keys[rows[:count]].min() for rows, count, padded in zip(*grouped) if padded == GRID[0]]
+    assert slots != sorted(slots)  # the grouped batches take their length's slots in a random order
+
+
+def test_planned_batches_pad_each_side_to_its_own_longest():
+    ids = _ids(np.random.default_rng(1), pairs=240)
+    src, tgt = ids.src.to_list(), ids.tgt.to_list()
+    tf.random.set_seed(0)
+    shared = list(planned_batches(ids, GRID, ROWS, seed=3).as_numpy_iterator())
+    tf.random.set_seed(0)
+    own = list(planned_batches(ids, GRID, ROWS, seed=3, side_multiple=2).as_numpy_iterator())
+    seen = []
+    for batch in own:
+        (batch_src, tgt_in), tgt_out = batch
+        rows = batch_src.shape[0]
+        length = GRID[ROWS.index(rows)]
+        assert tgt_in.shape == tgt_out.shape and tgt_in.shape[0] == rows
+        pairs = _pairs_of(batch, src, tgt)
+        longest_src = max(len(src[i]) for i in pairs)
+        longest_tgt = max(len(tgt[i]) - 1 for i in pairs)
+        assert batch_src.shape[1] == min(length, longest_src + longest_src % 2)
+        assert tgt_in.shape[1] == min(length, longest_tgt + longest_tgt % 2)
+        seen += pairs
+    assert len(seen) == len(set(seen))
+    assert sorted(seen) == sorted(i for batch in shared for i in _pairs_of(batch, src, tgt))  # the same pairs
+    padded = [sum(b[0][0].size + b[1].size for b in batches) for batches in (own, shared)]
+    assert padded[0] < padded[1]
+
+
+def _pairs_of(batch, src, tgt) -> list:
+    """The pair of each row of a `((src, tgt_in), tgt_out)` batch, found by its ids."""
+    (batch_src, tgt_in), tgt_out = batch
+    found = []
+    for r in range(batch_src.shape[0]):
+        match = [i for i in range(len(src)) if src[i] == [int(x) for x in batch_src[r] if x] and
+                 tgt[i][:-1] == [int(x) for x in tgt_in[r] if x] and tgt[i][1:] == [int(x) for x in tgt_out[r] if x]]
+        assert match, "a row that is no pair's padded ids"
+        found.append(match[0])
+    return found
+
+
+def test_own_side_lengths_only_on_the_width_grid():
+    ids = _ids(np.random.default_rng(4), pairs=200)
+    for buckets, shared in (("width", False), ("geometric", True)):
+        config = PipelineConfig(max_tokens=64, length_buckets=buckets, side_lengths="own")
+        batches = list(make_batches(None, None, config, 16, training=True, seed=1, tokenized=ids).take(6))
+        widths = {(b[0][0].shape[1], b[0][1].shape[1]) for b in batches}
+        assert all(s == t for s, t in widths) == shared, widths
