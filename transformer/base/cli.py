@@ -49,7 +49,6 @@ from transformer.base.constants import (
     PIPELINE_KINDS,
     PRECISIONS,
     SHARED_CORPUS_DIR,
-    SIDE_LENGTHS,
     STRATEGIES,
     TIE_EMBEDDINGS,
     TOKENIZER_ALGORITHMS,
@@ -251,10 +250,6 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> None:
                        help="planned (default): with the memory cache and no --subword-alpha, each epoch's batches "
                             "are planned at once from the ids in memory (one full shuffle; cheap enough to feed a "
                             "GPU); streamed: tf.data's shuffle buffer and bucketing over the cached stream")
-    group.add_argument("--side-lengths", choices=SIDE_LENGTHS,
-                       help="own (default): planned training batches on the width grid group pairs by target "
-                            "length and pad source and target each to the batch's longest (less padding, more "
-                            "shapes); shared: both sides to the bucket's length")
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:
@@ -406,7 +401,7 @@ def run_config_from_args(args: argparse.Namespace, base: RunConfig | None = None
                             "shuffle_buffer": "shuffle_buffer", "cache": "cache",
                             "bucket_width": "bucket_width", "length_buckets": "length_buckets",
                             "subword_alpha": "subword_alpha", "subword_nbest": "subword_nbest",
-                            "training_batches": "training_batches", "side_lengths": "side_lengths"})
+                            "training_batches": "training_batches"})
     if pipeline.get("max_tokens") == 0:
         pipeline["max_tokens"] = None
     train = _pick(args, {f: f for f in TrainConfig.__dataclass_fields__})

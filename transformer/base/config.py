@@ -34,7 +34,6 @@ from transformer.base.constants import (
     LR_SCHEDULES,
     PIPELINE_KINDS,
     PRECISIONS,
-    SIDE_LENGTHS,
     STRATEGIES,
     TIE_EMBEDDINGS,
     TOKENIZER_ALGORITHMS,
@@ -253,10 +252,6 @@ class PipelineConfig:
     batches are planned at once from the ids in memory (`epoch_plan`: one full shuffle, then
     the batches bucketing makes); "streamed": tf.data's shuffle buffer and
     `bucket_by_sequence_length` over the cached stream (what file caches and sampling use).
-    side_lengths: "own": planned training batches on the "width" grid group each length's
-    pairs by target length and pad source and target each to the batch's own longest (rounded
-    up to `bucket_width`): bible-pt-en's padding 9.9% → 7.5% at 8,192 tokens, with more shapes;
-    "shared": both sides to the grid length (what other grids, and streamed batches, always do).
     """
 
     kind: str = "optimized"
@@ -273,7 +268,6 @@ class PipelineConfig:
     subword_alpha: float = 0.0
     subword_nbest: int = 64
     training_batches: str = "planned"  # planned | streamed (see the docstring)
-    side_lengths: str = "own"  # own | shared (see the docstring)
 
     @property
     def sampling(self) -> Optional[tuple[int, float]]:
@@ -287,8 +281,6 @@ class PipelineConfig:
             raise ValueError(f"pipeline.subword_nbest must be -1 (the whole lattice) or >= 2, got {self.subword_nbest}")
         if self.training_batches not in TRAINING_BATCHES:
             raise ValueError(f"pipeline.training_batches must be {one_of(TRAINING_BATCHES)}, got {self.training_batches!r}")
-        if self.side_lengths not in SIDE_LENGTHS:
-            raise ValueError(f"pipeline.side_lengths must be {one_of(SIDE_LENGTHS)}, got {self.side_lengths!r}")
         if self.kind not in PIPELINE_KINDS:
             raise ValueError(f"pipeline.kind must be {one_of(PIPELINE_KINDS)}, got {self.kind!r}")
         if self.batch_size <= 0:

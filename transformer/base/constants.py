@@ -28,7 +28,6 @@ FUSED_KERNEL_MODES = ("auto", "on", "off")  # --fused-kernels (transformer/runti
 STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker", "tpu")  # --strategy
 PIPELINE_KINDS = ("optimized", "naive")  # --pipeline
 TRAINING_BATCHES = ("planned", "streamed")  # --training-batches (transformer/data/epoch_plan.py)
-SIDE_LENGTHS = ("own", "shared")  # --side-lengths (transformer/data/epoch_plan.py)
 TOKENIZER_ALGORITHMS = ("wordpiece", "sentencepiece")  # --tokenizer (transformer/data/tokenizer.py)
 LENGTH_GRIDS = ("auto", "width", "geometric")  # --length-buckets (or explicit lengths; transformer/data/pipeline.py)
 XLA_CACHE_MODES = ("auto", "off")  # --xla-cache (or a directory; transformer/runtime/xla_cache.py)

@@ -18,12 +18,6 @@ is planned with a few vectorized ops:
   4. a parallel map gathers each batch's ids and pads them to `[rows, length]`:
      `((src, tgt_in), tgt_out)` int32, pad 0, as the streaming pipeline's batches.
 
-With `side_multiple` (`PipelineConfig.side_lengths` "own", the default on the width grid) step 3
-cuts each length's batches from the same pairs grouped by target length, and step 4 pads the
-source and the target each to its batch's longest (rounded up to the multiple): pairs share a
-grid length by max(source, target), and a Portuguese source and its English target differ, so a
-batch padded to one length for both carried ~10% padding on bible-pt-en where this carries 7.5%.
-
 Used for training batches when the ids are cached in memory without subword sampling
 (`pair_ids`); evaluation batches, file caches and sampled segmentations keep the stream.
 """
@@ -104,16 +98,11 @@ def epoch_order(seed: tf.Tensor, sizes: tuple[int, ...], shares: tuple[int, ...]
     return tf.cast(tf.gather(chosen, mixed), tf.int32)
 
 
-def bucket_batches(lengths: tf.Tensor, grid: list[int], rows: list[int],
-                   group_by: Optional[tf.Tensor] = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def bucket_batches(lengths: tf.Tensor, grid: list[int], rows: list[int]) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Cuts a stream of pairs into full batches per grid length, in the order they complete.
 
     lengths: [n] int32, each pair's needed length (≤ grid[-1]), in stream order.
     grid: padded lengths, ascending; rows: rows of a batch at each length.
-    group_by: None, or [n] int32 (e.g. the target lengths): each length's pairs that fill
-        whole batches (the same pairs as without it) are cut in the order of this key, ties in
-        stream order, so a batch holds pairs alike in it; those batches take the completion
-        slots of that length's batches in a random order (the order of each one's first pair).
     Returns (positions [batches, max(rows)] int32 stream positions, -1 past a batch's rows;
     row counts [batches] int32; padded lengths [batches] int32).
     """
@@ -123,54 +112,34 @@ def bucket_batches(lengths: tf.Tensor, grid: list[int], rows: list[int],
     for index, (length, count) in enumerate(zip(grid, rows)):
         positions = tf.cast(tf.where(tf.equal(bucket, index))[:, 0], tf.int32)
         full = tf.size(positions) // count
-        kept = positions[: full * count]
-        ends.append(kept[count - 1::count])
-        if group_by is not None:
-            kept = tf.gather(kept, tf.argsort(tf.gather(group_by, kept), stable=True))
-        cut = tf.reshape(kept, [full, count])
-        if group_by is not None:
-            cut = tf.gather(cut, tf.argsort(tf.reduce_min(cut, axis=1)))
+        cut = tf.reshape(positions[: full * count], [full, count])
         batches.append(tf.pad(cut, [[0, 0], [0, width - count]], constant_values=-1))
+        ends.append(cut[:, count - 1])
         counts.append(tf.fill([full], count))
         padded.append(tf.fill([full], length))
     order = tf.argsort(tf.concat(ends, axis=0))
     return tuple(tf.gather(tf.concat(parts, axis=0), order) for parts in (batches, counts, padded))
 
 
-def planned_batches(ids: PairIds, grid: list[int], rows: list[int], seed: Optional[int] = None,
-                    side_multiple: Optional[int] = None) -> tf.data.Dataset:
+def planned_batches(ids: PairIds, grid: list[int], rows: list[int], seed: Optional[int] = None) -> tf.data.Dataset:
     """One epoch of `((src, tgt_in), tgt_out)` batches per iteration, planned anew each time.
 
     grid / rows: the padded lengths and rows per batch (`pipeline.length_grid`,
     `pipeline.rows_per_batch`). seed: with the global seed, fixes the sequence of epochs.
-    side_multiple: None: every side of a batch is padded to its grid length. An int: each
-        length's pairs are grouped by target length (`bucket_batches`' `group_by`), and the
-        source and the target sides are each padded to the batch's longest, rounded up to a
-        multiple of it (at most the grid length): `[rows, src_len]`, `[rows, tgt_len]`.
     """
     lengths = ids.lengths
-    with tf.device("/CPU:0"):
-        target_lengths = tf.cast(ids.tgt.row_lengths(), tf.int32) if side_multiple else None
 
     def plan(epoch_seed):
         order = epoch_order(epoch_seed, ids.sizes, ids.shares)
-        group_by = None if target_lengths is None else tf.gather(target_lengths, order)
-        positions, counts, padded = bucket_batches(tf.gather(lengths, order), grid, rows, group_by)
+        positions, counts, padded = bucket_batches(tf.gather(lengths, order), grid, rows)
         pairs = tf.where(positions >= 0, tf.gather(order, tf.maximum(positions, 0)), -1)
         return tf.data.Dataset.from_tensor_slices((pairs, counts, padded))
 
-    def side_length(needed, length):
-        if not side_multiple:
-            return length
-        return tf.minimum(length, (needed + side_multiple - 1) // side_multiple * side_multiple)
-
     def assemble(pairs, count, length):
         chosen = pairs[:count]
+        shape = tf.stack([count, length])
         src, tgt = tf.gather(ids.src, chosen), tf.gather(ids.tgt, chosen)
-        src_shape = tf.stack([count, side_length(tf.cast(tf.reduce_max(src.row_lengths()), tf.int32), length)])
-        tgt_shape = tf.stack([count, side_length(tf.cast(tf.reduce_max(tgt.row_lengths()), tf.int32) - 1, length)])
-        return ((src.to_tensor(shape=src_shape), tgt[:, :-1].to_tensor(shape=tgt_shape)),
-                tgt[:, 1:].to_tensor(shape=tgt_shape))
+        return ((src.to_tensor(shape=shape), tgt[:, :-1].to_tensor(shape=shape)), tgt[:, 1:].to_tensor(shape=shape))
 
     epochs = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
     return epochs.flat_map(plan).map(assemble, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

@@ -242,8 +242,7 @@ def optimized_pipeline(pairs, tokenizers, config: PipelineConfig, max_length: in
     if isinstance(tokenized, PairIds):
         if not training:
             raise ValueError("planned batches are for training; evaluation batches stream")
-        own_sides = config.side_lengths == "own" and not fixed_rows(config)
-        return planned_batches(tokenized, lengths, batch_sizes, seed, config.bucket_width if own_sides else None)
+        return planned_batches(tokenized, lengths, batch_sizes, seed)
     if tokenized is None and isinstance(pairs, Mixture):
         tokenized = tokenize_mixture(pairs, tokenizers, config, max_length, seed)
     elif tokenized is None:
