@@ -237,13 +237,13 @@ inline uint32_t fmix32(uint32_t h) {
   h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
   return h;
 }
-// 32 random bits for element j of row r of a call seeded (s0, s1): MurmurHash3's finalizer,
-// keyed per row, then per element (32-bit integer arithmetic only, so the row loop vectorizes).
+// 32 random bits for element j of row r of a call seeded (s0, s1): MurmurHash3's finalizer, twice
+// for the row's key, then once per element (32-bit integer arithmetic only, so the row loop vectorizes).
 inline uint32_t row_key(uint64_t r, uint32_t s1) {
   return fmix32(static_cast<uint32_t>(r) ^ s1) ^ fmix32(static_cast<uint32_t>(r >> 32) + 0x7f4a7c15u);
 }
 #pragma omp declare simd
-inline uint32_t element_bits(uint32_t j, uint32_t key, uint32_t s0) { return fmix32(fmix32(j + key) ^ s0); }
+inline uint32_t element_bits(uint32_t j, uint32_t key, uint32_t s0) { return fmix32((j + key) ^ s0); }
 
 // exp(x) for float32, vectorizable: 2^n · p(r) with x = n·ln2 + r, |r| <= ln2/2, a degree-6
 // polynomial (relative error ~2e-7); x below -87.3 gives 0.
@@ -344,42 +344,61 @@ class FusedAttentionSoftmaxOp : public OpKernel {
     float* sp = sums->flat<float>().data();
     const float neg = mask_value_;
     auto work = [=](int64_t begin, int64_t end) {
-      std::vector<float> row(S);
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t b = r / (N * T_), t = r % T_;
-        const uint8_t* mr = reinterpret_cast<const uint8_t*>(mp + (b * T_ + t) * S);
-        const T* lr = lp + r * S;
-        float* v = row.data();
+      // Rows in groups of G, each step for all of them before the next: one row's reductions are
+      // a chain of dependent instructions, and G independent chains keep the core busy.
+      constexpr int64_t G = 4;
+      std::vector<float> buf(G * S);
+      float inv[G];
+      for (int64_t r0 = begin; r0 < end; r0 += G) {
+        const int64_t rows = std::min(G, end - r0);
+        for (int64_t k = 0; k < rows; ++k) {
+          const int64_t r = r0 + k, b = r / (N * T_), t = r % T_;
+          const uint8_t* mr = reinterpret_cast<const uint8_t*>(mp + (b * T_ + t) * S);
+          const T* lr = lp + r * S;
+          float* v = buf.data() + k * S;
 #pragma omp simd
-        for (int64_t j = 0; j < S; ++j) v[j] = to_float(lr[j]) + static_cast<float>(1 - mr[j]) * neg;
-        const float mx = row_max(v, S);
-        float sum = 0.f;
+          for (int64_t j = 0; j < S; ++j) v[j] = to_float(lr[j]) + static_cast<float>(1 - mr[j]) * neg;
+        }
+        for (int64_t k = 0; k < rows; ++k) {
+          float* v = buf.data() + k * S;
+          const float mx = row_max(v, S);
+          float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < S; ++j) { v[j] = fast_exp(v[j] - mx); sum += v[j]; }
-        const float inv = 1.f / sum;
-        T* pr = pp + r * S;
-        T* yr = yp + r * S;
-        if (dp.threshold == 0) {
+          for (int64_t j = 0; j < S; ++j) { v[j] = fast_exp(v[j] - mx); sum += v[j]; }
+          inv[k] = 1.f / sum;
+        }
+        for (int64_t k = 0; k < rows; ++k) {
+          const int64_t r = r0 + k;
+          const float* v = buf.data() + k * S;
+          const float in = inv[k];
+          T* pr = pp + r * S;
+          T* yr = yp + r * S;
+          if (dp.threshold == 0) {
 #pragma omp simd
-          for (int64_t j = 0; j < S; ++j) { pr[j] = yr[j] = from_float<T>(v[j] * inv); }
-        } else {
-          const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
-          const bool all = dp.threshold > 0xFFFFFFFFull;
-          const float scale = dp.scale;
+            for (int64_t j = 0; j < S; ++j) pr[j] = from_float<T>(v[j] * in);
+            std::memcpy(yr, pr, S * sizeof(T));
+          } else {
+            const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
+            const bool all = dp.threshold > 0xFFFFFFFFull;
+            const float scale = dp.scale;
 #pragma omp simd
-          for (int64_t j = 0; j < S; ++j) {
-            const float p = v[j] * inv;
-            pr[j] = from_float<T>(p);
-            const bool keep = !all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr;
-            yr[j] = from_float<T>(keep ? p * scale : 0.f);
+            for (int64_t j = 0; j < S; ++j) {
+              const float p = v[j] * in;
+              pr[j] = from_float<T>(p);
+              const bool keep = !all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr;
+              yr[j] = from_float<T>(keep ? p * scale : 0.f);
+            }
           }
         }
-        // The row's sum of the weights as stored (rounded to T), as a product with `dropped` reads
-        // them; a second loop over the row just written (in L1), which vectorises where one loop did not.
-        float kept_sum = 0.f;
+        // Each row's sum of the weights as stored (rounded to T), as a product with `dropped` reads
+        // them; a loop over the rows just written (in L1), which vectorises where one loop did not.
+        for (int64_t k = 0; k < rows; ++k) {
+          const T* yr = yp + (r0 + k) * S;
+          float kept_sum = 0.f;
 #pragma omp simd reduction(+ : kept_sum)
-        for (int64_t j = 0; j < S; ++j) kept_sum += to_float(yr[j]);
-        sp[r] = kept_sum;
+          for (int64_t j = 0; j < S; ++j) kept_sum += to_float(yr[j]);
+          sp[r0 + k] = kept_sum;
+        }
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
@@ -413,29 +432,43 @@ class FusedAttentionSoftmaxGradOp : public OpKernel {
     const float* dsp = with_sums ? d_sums.flat<float>().data() : nullptr;
     T* dlp = dl->flat<T>().data();
     auto work = [&](int64_t begin, int64_t end) {
-      std::vector<float> g(S);
-      for (int64_t r = begin; r < end; ++r) {
-        const T* dr = dyp + r * S;
-        const T* pr = pp + r * S;
-        const float row_grad = with_sums ? dsp[r] : 0.f;  // d sums / d dropped = 1 for every element
-        if (dp.threshold == 0) {
+      constexpr int64_t G = 4;  // rows in flight, as in the forward pass
+      std::vector<float> buf(G * S);
+      float dot[G];
+      for (int64_t r0 = begin; r0 < end; r0 += G) {
+        const int64_t rows = std::min(G, end - r0);
+        for (int64_t k = 0; k < rows; ++k) {
+          const int64_t r = r0 + k;
+          const T* dr = dyp + r * S;
+          const T* pr = pp + r * S;
+          float* g = buf.data() + k * S;
+          const float row_grad = with_sums ? dsp[r] : 0.f;  // d sums / d dropped = 1 for every element
+          if (dp.threshold == 0) {
 #pragma omp simd
-          for (int64_t j = 0; j < S; ++j) g[j] = to_float(dr[j]) + row_grad;
-        } else {
-          const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
-          const bool all = dp.threshold > 0xFFFFFFFFull;
-          const float scale = dp.scale;
+            for (int64_t j = 0; j < S; ++j) g[j] = to_float(dr[j]) + row_grad;
+          } else {
+            const uint32_t key = row_key(r, dp.s1), thr = static_cast<uint32_t>(dp.threshold);
+            const bool all = dp.threshold > 0xFFFFFFFFull;
+            const float scale = dp.scale;
 #pragma omp simd
-          for (int64_t j = 0; j < S; ++j)
-            g[j] = (!all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr)
-                       ? (to_float(dr[j]) + row_grad) * scale : 0.f;
-        }
-        float s = 0.f;
+            for (int64_t j = 0; j < S; ++j)
+              g[j] = (!all && element_bits(static_cast<uint32_t>(j), key, dp.s0) >= thr)
+                         ? (to_float(dr[j]) + row_grad) * scale : 0.f;
+          }
+          float s = 0.f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < S; ++j) s += g[j] * to_float(pr[j]);
-        T* out = dlp + r * S;
+          for (int64_t j = 0; j < S; ++j) s += g[j] * to_float(pr[j]);
+          dot[k] = s;
+        }
+        for (int64_t k = 0; k < rows; ++k) {
+          const int64_t r = r0 + k;
+          const T* pr = pp + r * S;
+          const float* g = buf.data() + k * S;
+          const float s = dot[k];
+          T* out = dlp + r * S;
 #pragma omp simd
-        for (int64_t j = 0; j < S; ++j) out[j] = from_float<T>(to_float(pr[j]) * (g[j] - s));
+          for (int64_t j = 0; j < S; ++j) out[j] = from_float<T>(to_float(pr[j]) * (g[j] - s));
+        }
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
