@@ -277,6 +277,9 @@ inline float row_max(const float* v, int64_t n) {
   for (; j < n; ++j) mx = mx > v[j] ? mx : v[j];
   return mx;
 }
+// The softmax passes take rows in groups of this many, each step for all of them before the next:
+// one row's reductions are a chain of dependent instructions, and independent chains keep the core busy.
+constexpr int64_t kRowsInFlight = 4;
 struct DropoutParams {
   float scale;         // 1 / (1 - rate), 0 when rate >= 1
   uint64_t threshold;  // keep when bits >= threshold (0: keep all)
@@ -344,9 +347,7 @@ class FusedAttentionSoftmaxOp : public OpKernel {
     float* sp = sums->flat<float>().data();
     const float neg = mask_value_;
     auto work = [=](int64_t begin, int64_t end) {
-      // Rows in groups of G, each step for all of them before the next: one row's reductions are
-      // a chain of dependent instructions, and G independent chains keep the core busy.
-      constexpr int64_t G = 4;
+      constexpr int64_t G = kRowsInFlight;
       std::vector<float> buf(G * S);
       float inv[G];
       for (int64_t r0 = begin; r0 < end; r0 += G) {
@@ -432,7 +433,7 @@ class FusedAttentionSoftmaxGradOp : public OpKernel {
     const float* dsp = with_sums ? d_sums.flat<float>().data() : nullptr;
     T* dlp = dl->flat<T>().data();
     auto work = [&](int64_t begin, int64_t end) {
-      constexpr int64_t G = 4;  // rows in flight, as in the forward pass
+      constexpr int64_t G = kRowsInFlight;
       std::vector<float> buf(G * S);
       float dot[G];
       for (int64_t r0 = begin; r0 < end; r0 += G) {
