@@ -107,12 +107,15 @@ def test_export_main_writes_a_savedmodel_that_translates_as_the_run(exported, ex
 
 def test_evaluate_main_scores_run_and_export_alike_with_sacrebleu(tiny_run, exported, bible_dir, tmp_path):
     references = (bible_dir / "validation.en").read_text(encoding="utf-8").splitlines()[:EVAL_PAIRS]
+    export = tmp_path / "export"
+    shutil.copytree(exported, export)  # the shared export stays as it is
     reports = {}
-    for name, model in (("run", tiny_run), ("export", exported)):
-        output = tmp_path / f"{name}.json"
-        assert script_main("evaluate")(["--model", str(model), "--data", str(bible_dir), "--split", "validation",
-                                         "--limit", str(EVAL_PAIRS), "--repeats", "0", "--output", str(output)]) == 0
-        reports[name] = json.loads(output.read_text(encoding="utf-8"))
+    for name, model, output in (("run", tiny_run, tmp_path / "run.json"),
+                                ("export", export, None)):  # no --output: into the model's directory
+        argv = ["--model", str(model), "--data", str(bible_dir), "--split", "validation",
+                "--limit", str(EVAL_PAIRS), "--repeats", "0"]
+        assert script_main("evaluate")(argv + (["--output", str(output)] if output else [])) == 0
+        reports[name] = json.loads((output or export / "eval_validation.json").read_text(encoding="utf-8"))
     run, export = reports["run"], reports["export"]
     assert run["num_sentences"] == EVAL_PAIRS and len(run["translations"]) == EVAL_PAIRS
     assert run["translations"] == export["translations"] and run["bleu"] == export["bleu"]

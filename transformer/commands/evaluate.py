@@ -4,6 +4,9 @@
     python scripts/evaluate.py --model exports/bible --dataset ted_hrlr_translate/pt_to_en --split test
     python scripts/evaluate.py --model runs/bible --src test.pt --ref test.en --beam 4 --output eval.json
 
+The report goes to --output, by default into the model's directory: `<model>/eval_<split>.json`
+(`eval_<source file name>.json` with --src), so it stays with the model it scores.
+
 --model is a run directory or an export, SavedModel or CTranslate2 (see scripts/translate.py). Speed: one cold pass
 (tracing/compilation included) then --repeats warm passes; the report's `speed` is the best
 warm pass. See transformer/inference/evaluation.py.
@@ -17,6 +20,11 @@ from pathlib import Path
 from transformer.base import cli
 from transformer.base.errors import command
 from transformer.runtime.onednn import configure_onednn, onednn_state
+
+
+def default_report_path(model: str, split: str, src=None) -> Path:
+    """Where a report goes without --output: `<model>/eval_<split>.json`, or `eval_<src's name>.json`."""
+    return Path(model) / f"eval_{Path(src).name if src else split.replace('/', '_')}.json"
 
 
 @command
@@ -33,7 +41,8 @@ def main(argv=None) -> int:
     data.add_argument("--split", default="test", help="split name (default test)")
     data.add_argument("--limit", type=int, help="evaluate the first N pairs only")
     parser.add_argument("--repeats", type=int, default=1, help="warm timing passes after the cold one (default 1)")
-    parser.add_argument("--output", default="eval.json", help="JSON report path (default eval.json)")
+    parser.add_argument("--output", help="JSON report path (default <model>/eval_<split>.json, "
+                                         "with --src <model>/eval_<its file name>.json)")
     cli.add_decode_args(parser)
     cli.add_thread_args(parser)
     cli.add_compute_type_arg(parser)
@@ -68,10 +77,11 @@ def main(argv=None) -> int:
     }
     report = evaluate(translator.translate_with_lengths, sources, references, repeats=args.repeats,
                       description=description)
-    save_report(report, args.output)
+    output = args.output or default_report_path(args.model, args.split, args.src)
+    save_report(report, output)
     summary = {k: report[k] for k in ("num_sentences", "bleu", "bleu_lowercase", "chrf", "speed", "speed_cold")}
     print(json.dumps(summary, indent=2))
-    print(f"report: {args.output}")
+    print(f"report: {output}")
     return 0
 
 
