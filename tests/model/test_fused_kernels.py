@@ -10,7 +10,7 @@ from helpers_model import build, random_ids
 from transformer.model.affine import add_bias, affine
 from transformer.model.dropout import DropoutSwitch, attach_dropout_switch, no_dropout
 from transformer.model.layer_norm import LayerNorm, fused_layer_norm, layer_norm
-from transformer.model.layers import NEG_INF, FeedForward, masked_softmax_dropout
+from transformer.model.layers import NEG_INF, FeedForward, batch_matmul, masked_softmax_dropout
 from transformer.model.logits import project
 from transformer.model.losses import MaskedAccuracy, MaskedSparseCrossEntropy, fused_cross_entropy, smoothed_cross_entropy
 from transformer.runtime.fused_kernels import KernelsUnavailable, disable_fused_kernels, enable_fused_kernels
@@ -473,3 +473,78 @@ def test_projection_gradient_with_the_cast_sum_kernel_equals_tensorflows(kernels
     for a, b in zip(got[:2], want[:2]):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_allclose(got[2].numpy(), want[2].numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def small_products(kernels, monkeypatch):
+    """The kernels with the attention's batched products routed through `SmallBatchMatMul`, as in a
+    process whose TensorFlow runs without its oneDNN ops (whatever this machine's default)."""
+    from transformer.runtime import fused_kernels
+    monkeypatch.setattr(fused_kernels, "_small_products", True)
+    return kernels
+
+
+@pytest.mark.parametrize("adj_y", [False, True])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 4), (2, 3, 6, 9, 5)])  # [..., M, K, N], odd sizes
+def test_small_batch_matmul_and_its_gradients_match_tf_matmul(kernels, adj_y, shape):
+    rng = np.random.default_rng(7)
+    *batch, m, k, n = shape
+    x = tf.constant(rng.normal(size=(*batch, m, k)), tf.float32)
+    y = tf.constant(rng.normal(size=(*batch, n, k) if adj_y else (*batch, k, n)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(*batch, m, n)), tf.float32)
+
+    def run(ops):
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            z = batch_matmul(ops, x, y, adj_y=adj_y)
+        return [z, *tape.gradient(z, [x, y], output_gradients=upstream)]
+
+    for got, want in zip(run(kernels), run(None)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=1e-5)
+    both = kernels.small_batch_mat_mul(x, y if adj_y else tf.linalg.matrix_transpose(y), adj_x=False, adj_y=True)
+    np.testing.assert_allclose(both.numpy(), tf.matmul(x, y, transpose_b=adj_y).numpy(), atol=1e-5)
+    adjoint_x = kernels.small_batch_mat_mul(tf.linalg.matrix_transpose(x), y, adj_x=True, adj_y=adj_y)
+    np.testing.assert_allclose(adjoint_x.numpy(), tf.matmul(x, y, transpose_b=adj_y).numpy(), atol=1e-5)
+
+
+def test_small_batch_matmul_refuses_unequal_leading_axes(kernels):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same leading axes"):
+        kernels.small_batch_mat_mul(tf.zeros([2, 3, 4]), tf.zeros([1, 4, 5]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="inner dimensions"):
+        kernels.small_batch_mat_mul(tf.zeros([2, 3, 4]), tf.zeros([2, 5, 4]))
+    assert kernels.small_batch_mat_mul(tf.zeros([0, 3, 4]), tf.zeros([0, 4, 5])).shape == (0, 3, 5)
+
+
+def test_training_pass_with_the_small_products_equals_tensorflow_ops(small_products, tiny_model_config):
+    """Training calls route the attention's products through the kernel (inference never does) and
+    compute what TensorFlow's ops compute, values and every gradient (heads narrower than the
+    model: wider ones attend with merged head matrices)."""
+    config = tiny_model_config(dropout_rate=0.1, head_width="paper")
+    model = build(config)
+    src, tgt = random_ids(config)
+    attach_dropout_switch(model, DropoutSwitch(on=False))
+
+    def loss_and_grads():
+        with tf.GradientTape() as tape:
+            logits = model((src, tgt), training=True)
+            loss = tf.reduce_mean(tf.square(logits))
+        return [logits, *tape.gradient(loss, model.trainable_variables)]
+
+    def op_types(training):
+        return _op_types(tf.function(lambda s, t: model((s, t), training=training)), tf.constant(src), tf.constant(tgt))
+
+    assert "SmallBatchMatMul" in op_types(True) and "SmallBatchMatMul" not in op_types(False)
+    fused = loss_and_grads()
+    disable_fused_kernels()
+    plain = loss_and_grads()
+    for got, want in zip(fused, plain):
+        if want is not None:
+            np.testing.assert_allclose(_as_float(got), _as_float(want), atol=2e-5, rtol=1e-4)
+
+
+def test_small_products_follow_tensorflows_onednn_state(kernels):
+    """On where TensorFlow runs without its oneDNN ops (its BatchMatMul is slow there), else off."""
+    from transformer.runtime.fused_kernels import small_product_kernels
+    from transformer.runtime.onednn import onednn_enabled
+    assert (small_product_kernels() is not None) == (onednn_enabled() is False)

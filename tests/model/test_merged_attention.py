@@ -127,3 +127,31 @@ def test_merged_attention_takes_the_value_bias_share_from_the_kernel(kernels):
     layer.merges_heads = lambda query, value: True
     graph = tf.function(lambda x: layer(x, x, attention_mask=mask, training=True)).get_concrete_function(x).graph
     assert "Sum" not in {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_float32_attention_with_the_small_products_equals_tensorflows(kernels, monkeypatch, merged):
+    """Where TensorFlow's oneDNN ops are off, the float32 attention's batched products (per head, or
+    per batch row when merged) run as `SmallBatchMatMul`, forward and backward, with TensorFlow's
+    values and gradients (a mask, biases, no dropout)."""
+    from transformer.runtime import fused_kernels
+    layer = built_attention()
+    x = tf.random.stateless_normal([BATCH, LENGTH, DIM], seed=(1, 0))
+    mask = tf.linalg.band_part(tf.ones([LENGTH, LENGTH], tf.bool), -1, 0)[tf.newaxis]
+    monkeypatch.setattr(fused_kernels, "_small_products", False)  # TensorFlow's BatchMatMul
+    kernels_on = attend(layer, merged, x, x, mask)
+    monkeypatch.setattr(fused_kernels, "_small_products", True)
+    small = attend(layer, merged, x, x, mask)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = layer(x, x, attention_mask=mask, training=True)
+        return y, tape.gradient(y, layer.trainable_weights)
+
+    graph = tf.function(step).get_concrete_function(x).graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count("SmallBatchMatMul") == 6 and "BatchMatMulV2" not in types  # 2 products, 2 gradients each
+    np.testing.assert_allclose(small[0].numpy(), kernels_on[0].numpy(), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(small[1].numpy(), kernels_on[1].numpy(), atol=1e-6)
+    for got, want in zip(small[2], kernels_on[2]):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5, rtol=1e-5)

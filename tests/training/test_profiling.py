@@ -24,6 +24,7 @@ from transformer.training.trainer import train
 @pytest.mark.parametrize("name, op_type, category", [
     ("transformer_1/decoder_0_1/self_attention_1/einsum/Einsum", "_MklEinsum", "matmul"),
     ("gradient_tape/transformer_1/logits_1/Tensordot/MatMul/MatMul_1", "_MklMatMul", "matmul"),
+    ("gradient_tape/transformer_1/encoder_0_1/self_attention_1/SmallBatchMatMul_1", "SmallBatchMatMul", "matmul"),
     ("transformer_1/decoder_0_1/self_attention_1/Softmax", "_MklSoftmax", "softmax"),
     ("transformer_1/encoder_0_1/self_attention_1/SelectV2", "SelectV2", "softmax"),  # the mask
     ("transformer_1/encoder_0_1/self_attention_1/query_1/add", "AddV2", "other"),  # a projection's bias

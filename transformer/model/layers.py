@@ -35,7 +35,7 @@ import tensorflow as tf
 from transformer.model.affine import add_bias, affine, bias_row, uses_kernels, with_ones_column
 from transformer.model.dropout import FastDropout, dropout_rate_and_seed, fast_dropout, no_dropout
 from transformer.model.layer_norm import LayerNorm
-from transformer.runtime.fused_kernels import active_kernels
+from transformer.runtime.fused_kernels import active_kernels, small_product_kernels
 
 NEG_INF = -1e9
 
@@ -253,11 +253,13 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         # "Where the time goes"). query_scaled: the query already carries 1/sqrt(key_dim).
         if not query_scaled:
             query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
+        # A training call without TensorFlow's oneDNN ops: float32 products by `SmallBatchMatMul`.
+        kernels = small_product_kernels() if training and query_heads.dtype == tf.float32 else None
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
-        logits = tf.matmul(query_heads, key_heads, transpose_b=True)
+        logits = batch_matmul(kernels, query_heads, key_heads, adj_y=True)
         dropped, scores, _ = self._masked_softmax(logits, attention_mask, training)  # [B, N, T, S]
-        output = tf.matmul(tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
+        output = batch_matmul(kernels, tf.cast(dropped, value_heads.dtype), tf.transpose(value_heads, [0, 2, 1, 3]))
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [B, T, N, H]
 
     def _masked_softmax(self, logits, attention_mask, training, row_sums=False):
@@ -333,7 +335,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         shape = tf.shape(query)
         batch, length, keys = shape[0], shape[1], tf.shape(value)[1]
         value = tf.cast(value, dtype)
-        logits = tf.matmul(tf.reshape(folded, [batch, length * heads, width]), value, transpose_b=True)
+        small = small_product_kernels() if value.dtype == tf.float32 else None  # see `_attend`
+        logits = batch_matmul(small, tf.reshape(folded, [batch, length * heads, width]), value, adj_y=True)
         # Each query position is a batch row of the softmax: [B·T, N, 1, S], mask [B·T, 1, S].
         mask = None
         if attention_mask is not None:
@@ -343,7 +346,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         dropped, scores, weights = self._masked_softmax(tf.reshape(logits, [batch * length, heads, 1, keys]), mask,
                                                         training=True, row_sums=with_value_bias)
         dropped = tf.reshape(tf.cast(dropped, dtype), [batch, length * heads, keys])
-        context = tf.matmul(dropped, value)  # [B, T·N, d]
+        context = batch_matmul(small, dropped, value)  # [B, T·N, d]
         bo = self._output_dense.bias if self._output_dense.bias is not None else tf.zeros([width])
         output = affine(tf.reshape(context, [batch, length, heads * width]), vo, tf.cast(bo, dtype), kernels=kernels)
         if with_value_bias:  # r·bv_n Wo_n, r: the sums of the dropped weights, [B·T, N] (the kernel's third output)
@@ -398,6 +401,28 @@ def masked_softmax_dropout(kernels, logits, mask, rate, seed):
 
     with tf.name_scope("softmax"):
         return _softmax(logits)
+
+
+def batch_matmul(kernels, x, y, adj_y: bool = False):
+    """`x [..., M, K] · y [..., K, N]` (`adj_y`: `y [..., N, K]`, transposed), leading axes equal.
+
+    kernels: None (`tf.matmul`) or the fused kernels' library: `SmallBatchMatMul` each way, the
+    gradients by the same op (float32 only; `small_product_kernels` says when it pays).
+    """
+    if kernels is None:
+        return tf.matmul(x, y, transpose_b=adj_y)
+
+    @tf.custom_gradient
+    def _product(x, y):
+        def grad(dz):
+            if adj_y:  # z = x·yᵀ: dx = dz·y, dy = dzᵀ·x
+                return kernels.small_batch_mat_mul(dz, y), kernels.small_batch_mat_mul(dz, x, adj_x=True)
+            return (kernels.small_batch_mat_mul(dz, y, adj_y=True),  # z = x·y: dx = dz·yᵀ, dy = xᵀ·dz
+                    kernels.small_batch_mat_mul(x, dz, adj_x=True))
+
+        return kernels.small_batch_mat_mul(x, y, adj_y=adj_y), grad
+
+    return _product(x, y)
 
 
 def rank3_mask(attention_mask) -> tf.Tensor:

@@ -10,7 +10,11 @@ does each in one pass forward and one back: `FusedLayerNorm` (and its gradient),
 `FusedAttentionSoftmax` (mask, float32 softmax and dropout; its gradient recomputes the dropout
 mask from the seed), `FusedBiasRelu` (a bfloat16 product's bias, ReLU and dropout, so that the
 product runs alone: oneDNN's AMX matmul; its gradient sums the bias gradient in the same pass) and
-`FusedCrossEntropy` (the label-smoothed loss; its gradient recomputes the softmax). The model's
+`FusedCrossEntropy` (the label-smoothed loss; its gradient recomputes the softmax). Where
+TensorFlow's oneDNN ops are off (its default on AVX2-only CPUs such as an AMD EPYC Zen 3), the
+attention's per-(row, head) float32 products run as `SmallBatchMatMul` too (`small_product_kernels`):
+TensorFlow's own BatchMatMul there computes each small matrix as an Eigen tensor contraction at a
+few GFLOP/s. The model's
 `LayerNorm`, attention and `affine` layers (the FFN's dropout too) use them in training calls while
 they are enabled (`active_kernels`), the loss in every call then; inference (BLEU, the translator,
 every export) keeps TensorFlow's own ops, so a SavedModel never needs this library.
@@ -50,6 +54,7 @@ _ARCH_FLAGS = (["-march=native", "-mno-avx512fp16"], ["-march=native"], [])
 _COMPILE_FLAGS = ["-shared", "-fPIC", "-O3", "-fopenmp-simd", "-fno-math-errno", "-w"]
 
 _active = None  # the loaded op library while enabled
+_small_products = False  # whether the attention's batched products use it too (oneDNN's ops off)
 _loaded = None  # (op library, path): the one library this process loaded
 
 
@@ -146,14 +151,16 @@ def enable_fused_kernels(mode: str, device: str, xla: Optional[bool]) -> dict:
         xla: whether the train step is compiled with XLA (XLA cannot compile these ops).
 
     Returns:
-        For the step-time report: {"asked", "enabled", "reason", "library", "build_s"}.
+        For the step-time report: {"asked", "enabled", "reason", "library", "build_s",
+        "small_batch_products" (whether the attention's float32 batched products use the library)}.
 
     Raises:
         KernelsUnavailable: `on` and they cannot be used (the reason).
     """
-    global _active
-    _active = None
-    state = {"asked": mode, "enabled": False, "reason": "", "library": None, "build_s": None}
+    global _active, _small_products
+    _active, _small_products = None, False
+    state = {"asked": mode, "enabled": False, "reason": "", "library": None, "build_s": None,
+             "small_batch_products": False}
     if mode == "off":
         state["reason"] = "--fused-kernels off"
         return state
@@ -169,20 +176,29 @@ def enable_fused_kernels(mode: str, device: str, xla: Optional[bool]) -> dict:
         state["reason"] = str(err)
         log.info("fused CPU kernels off: %s", err)
         return state
-    _active = kernels
+    from transformer.runtime.onednn import onednn_enabled
+
+    _active, _small_products = kernels, onednn_enabled() is False
     state.update(enabled=True, library=str(library), build_s=round(build_s, 2),
-                 reason="a CPU run without XLA")
-    log.info("fused CPU kernels on (layer norm, attention softmax + dropout)%s",
+                 reason="a CPU run without XLA", small_batch_products=_small_products)
+    log.info("fused CPU kernels on (layer norm, attention softmax + dropout%s)%s",
+             ", the attention's float32 batched products: TensorFlow's oneDNN ops are off" if _small_products else "",
              f": built in {build_s:.1f} s" if build_s else "")
     return state
 
 
 def disable_fused_kernels() -> None:
     """Back to TensorFlow's own ops for every later trace."""
-    global _active
-    _active = None
+    global _active, _small_products
+    _active, _small_products = None, False
 
 
 def active_kernels():
     """The op library while the kernels are enabled, else None (read while a training call is traced)."""
     return _active
+
+
+def small_product_kernels():
+    """The op library while the kernels are enabled in a process whose TensorFlow runs without its
+    oneDNN ops (the attention's float32 batched products then go through `SmallBatchMatMul`), else None."""
+    return _active if _small_products else None

@@ -37,7 +37,8 @@ figures from its kernels and keeps the host's op events under `profile.host`.
 Categories (first rule that matches wins; `CATEGORIES` keeps this order):
     optimizer    ops under the optimizer's scope (`adam/`, `loss_scale_optimizer/`...)
     loss         the loss and its gradient (`compile_loss/`, softmax cross-entropy ops)
-    matmul       MatMul / BatchMatMul / Einsum / Conv kernels (oneDNN `_Mkl*` and fused too)
+    matmul       MatMul / BatchMatMul / Einsum / Conv kernels (oneDNN `_Mkl*`, fused and the fused
+                 kernels' `SmallBatchMatMul` too)
     cast         Cast ops anywhere (mixed precision's conversions)
     dropout      dropout scopes and random-number ops
     softmax      attention scores: scale, mask, softmax and their gradients (other
@@ -67,7 +68,7 @@ CATEGORIES = ("matmul", "softmax", "layer_norm", "dropout", "cast", "embedding",
 TOP_OPS = 15
 
 _OP_EVENT = re.compile(r"^(?P<name>[A-Za-z0-9_.>/\-]+):(?P<type>[A-Za-z0-9_]+)$")
-_MATMUL_TYPES = re.compile(r"^_?(Mkl|Fused|MklFused|MklNative|MklNativeFused)*(MatMul|BatchMatMul(V2|V3)?|Einsum|Conv\w*)$")
+_MATMUL_TYPES = re.compile(r"^_?(Mkl|Fused|MklFused|MklNative|MklNativeFused|Small)*(MatMul|BatchMatMul(V2|V3)?|Einsum|Conv\w*)$")
 _OPTIMIZER_SCOPES = ("adam", "adamw", "sgd", "optimizer", "loss_scale_optimizer", "apply_gradients")
 _PROJECTIONS = ("query", "key", "value", "attention_output")
 # An XLA program run by a non-XLA step (`XlaLaunch`) leaves no `name:type` op event: its time is
