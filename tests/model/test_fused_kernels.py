@@ -251,13 +251,9 @@ def test_only_training_calls_use_the_kernels(kernels, tiny_model_config):
     assert not FUSED_OPS & _op_types(tf.function(lambda x: norm(x)), tf.TensorSpec([None, 8]))
 
 
-def test_model_training_pass_equals_tensorflow_ops_without_dropout(kernels, tiny_model_config):
-    config = tiny_model_config(dropout_rate=0.1)
-    model = build(config)
-    src, tgt = random_ids(config)
-    switch = DropoutSwitch(on=False)  # late dropout, off: the rate tensor is 0 inside the kernel
-    attach_dropout_switch(model, switch)
-
+def _assert_training_pass_equals_tensorflow_ops(model, src, tgt):
+    """The logits and every gradient of a training pass, with the kernels as enabled now, equal the
+    same pass after `disable_fused_kernels` (TensorFlow's ops)."""
     def loss_and_grads():
         with tf.GradientTape() as tape:
             logits = model((src, tgt), training=True)
@@ -270,6 +266,16 @@ def test_model_training_pass_equals_tensorflow_ops_without_dropout(kernels, tiny
     for got, want in zip(fused, plain):
         if want is not None:
             np.testing.assert_allclose(_as_float(got), _as_float(want), atol=2e-5, rtol=1e-4)
+
+
+def test_model_training_pass_equals_tensorflow_ops_without_dropout(kernels, tiny_model_config):
+    config = tiny_model_config(dropout_rate=0.1)
+    model = build(config)
+    src, tgt = random_ids(config)
+    switch = DropoutSwitch(on=False)  # late dropout, off: the rate tensor is 0 inside the kernel
+    attach_dropout_switch(model, switch)
+
+    _assert_training_pass_equals_tensorflow_ops(model, src, tgt)
 
 
 def test_training_with_the_kernels_lowers_the_loss(kernels, tiny_model_config):
@@ -525,22 +531,11 @@ def test_training_pass_with_the_small_products_equals_tensorflow_ops(small_produ
     src, tgt = random_ids(config)
     attach_dropout_switch(model, DropoutSwitch(on=False))
 
-    def loss_and_grads():
-        with tf.GradientTape() as tape:
-            logits = model((src, tgt), training=True)
-            loss = tf.reduce_mean(tf.square(logits))
-        return [logits, *tape.gradient(loss, model.trainable_variables)]
-
     def op_types(training):
         return _op_types(tf.function(lambda s, t: model((s, t), training=training)), tf.constant(src), tf.constant(tgt))
 
     assert "SmallBatchMatMul" in op_types(True) and "SmallBatchMatMul" not in op_types(False)
-    fused = loss_and_grads()
-    disable_fused_kernels()
-    plain = loss_and_grads()
-    for got, want in zip(fused, plain):
-        if want is not None:
-            np.testing.assert_allclose(_as_float(got), _as_float(want), atol=2e-5, rtol=1e-4)
+    _assert_training_pass_equals_tensorflow_ops(model, src, tgt)
 
 
 def test_small_products_follow_tensorflows_onednn_state(kernels):
