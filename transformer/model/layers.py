@@ -254,7 +254,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         if not query_scaled:
             query_heads = query_heads * tf.cast(self._inverse_sqrt_key_dim, query_heads.dtype)
         # A training call without TensorFlow's oneDNN ops: float32 products by `SmallBatchMatMul`.
-        kernels = small_product_kernels() if training and query_heads.dtype == tf.float32 else None
+        kernels = small_product_kernels() if training else None
         query_heads = tf.transpose(query_heads, [0, 2, 1, 3])
         key_heads = tf.transpose(key_heads, [0, 2, 1, 3])
         logits = batch_matmul(kernels, query_heads, key_heads, adj_y=True)
@@ -335,7 +335,7 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         shape = tf.shape(query)
         batch, length, keys = shape[0], shape[1], tf.shape(value)[1]
         value = tf.cast(value, dtype)
-        small = small_product_kernels() if value.dtype == tf.float32 else None  # see `_attend`
+        small = small_product_kernels()  # see `_attend`
         logits = batch_matmul(small, tf.reshape(folded, [batch, length * heads, width]), value, adj_y=True)
         # Each query position is a batch row of the softmax: [B·T, N, 1, S], mask [B·T, 1, S].
         mask = None
@@ -406,10 +406,11 @@ def masked_softmax_dropout(kernels, logits, mask, rate, seed):
 def batch_matmul(kernels, x, y, adj_y: bool = False):
     """`x [..., M, K] · y [..., K, N]` (`adj_y`: `y [..., N, K]`, transposed), leading axes equal.
 
-    kernels: None (`tf.matmul`) or the fused kernels' library: `SmallBatchMatMul` each way, the
-    gradients by the same op (float32 only; `small_product_kernels` says when it pays).
+    kernels: None (`tf.matmul`) or the fused kernels' library: for float32 operands
+    `SmallBatchMatMul` each way, the gradients by the same op (`small_product_kernels` says when it
+    pays); other dtypes keep `tf.matmul` (oneDNN's bfloat16 products reach AMX).
     """
-    if kernels is None:
+    if kernels is None or x.dtype != tf.float32:
         return tf.matmul(x, y, transpose_b=adj_y)
 
     @tf.custom_gradient

@@ -41,6 +41,7 @@ from typing import Optional
 
 from transformer.base.constants import user_cache_dir
 from transformer.base.errors import ConfigError
+from transformer.runtime.onednn import onednn_enabled
 from transformer.runtime.xla_cache import machine_key
 
 log = logging.getLogger(__name__)
@@ -176,8 +177,6 @@ def enable_fused_kernels(mode: str, device: str, xla: Optional[bool]) -> dict:
         state["reason"] = str(err)
         log.info("fused CPU kernels off: %s", err)
         return state
-    from transformer.runtime.onednn import onednn_enabled
-
     _active, _small_products = kernels, onednn_enabled() is False
     state.update(enabled=True, library=str(library), build_s=round(build_s, 2),
                  reason="a CPU run without XLA", small_batch_products=_small_products)
